@@ -1,0 +1,103 @@
+"""What each kernel launch needs (grid, arguments, outputs, config), written once for every backend.
+
+A backend supplies ``run(launch) -> tuple of outputs`` (jax-triton on a GPU, Triton's interpreter on
+the CPU); ``forward`` and ``backward`` below chain the launches. Kernel argument order follows
+jax-triton's convention: inputs (arrays and scalars), then outputs, then constexprs by keyword.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_flash_amd.kernels import bwd, configs, fwd
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    kernel: Any  # a @triton.jit function
+    grid: tuple[int, ...]
+    args: tuple  # jax arrays, then Python int / np.float32 scalars, in the kernel's order
+    out_shapes: tuple[jax.ShapeDtypeStruct, ...]
+    constexprs: dict[str, Any]
+    compile_options: dict[str, Any]  # num_warps, num_stages, and target-specific ones
+
+
+Run = Callable[[Launch], tuple]
+
+
+def block_d(head_dim: int) -> int:
+    """Head dim padded to a power of two >= 16 (tl.dot's minimum); the padding is masked, never stored."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def pick_config(target: str, kernel: str, head_dim: int, dtype) -> tuple[dict, dict]:
+    """(block constexprs, compiler options) of the first configs.TARGETS row that fits."""
+    width = block_d(head_dim) * jnp.dtype(dtype).itemsize // 2
+    for row in configs.TARGETS[target][kernel]:
+        if row["max_block_d"] >= width:
+            blocks = {k: v for k, v in row.items() if k.startswith("BLOCK_")}
+            options = {k: v for k, v in row.items() if k != "max_block_d" and not k.startswith("BLOCK_")}
+            return blocks, options
+    raise ValueError(f"no {kernel} config for head_dim={head_dim}, dtype={dtype} on {target}")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _common(q, k, causal: bool) -> dict[str, Any]:
+    return dict(H=q.shape[2], HEAD_DIM=q.shape[3], BLOCK_D=block_d(q.shape[3]), CAUSAL=bool(causal))
+
+
+def forward(run: Run, target: str, q, k, v, *, causal: bool, scale: float):
+    """(out, lse): out like q, lse (batch, heads, seq_q) float32, natural log."""
+    b, sq, h, _ = q.shape
+    blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype)
+    out, lse = run(Launch(
+        kernel=fwd.attn_fwd,
+        grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
+        args=(q, k, v, np.float32(scale), sq, k.shape[1]),
+        out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
+        constexprs={**_common(q, k, causal), **blocks},
+        compile_options=options,
+    ))
+    return out, lse
+
+
+def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, *, causal: bool, scale: float):
+    """(dq, dk, dv) for cotangents dout (like out) and dlse (like lse)."""
+    b, sq, h, d = q.shape
+    sk = k.shape[1]
+    common = _common(q, k, causal)
+    blocks, options = pick_config(target, "preprocess", d, q.dtype)
+    (delta,) = run(Launch(
+        kernel=bwd.attn_bwd_preprocess,
+        grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
+        args=(out, dout, dlse, sq),
+        out_shapes=(jax.ShapeDtypeStruct((b, h, sq), jnp.float32),),
+        constexprs={k_: common[k_] for k_ in ("H", "HEAD_DIM", "BLOCK_D")} | blocks,
+        compile_options=options,
+    ))
+    blocks, options = pick_config(target, "dkdv", d, q.dtype)
+    dk, dv = run(Launch(
+        kernel=bwd.attn_bwd_dkdv,
+        grid=(_cdiv(sk, blocks["BLOCK_N"]), b * h),
+        args=(q, k, v, dout, lse, delta, np.float32(scale), sq, sk),
+        out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
+        constexprs={**common, **blocks},
+        compile_options=options,
+    ))
+    blocks, options = pick_config(target, "dq", d, q.dtype)
+    (dq,) = run(Launch(
+        kernel=bwd.attn_bwd_dq,
+        grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
+        args=(q, k, v, dout, lse, delta, np.float32(scale), sq, sk),
+        out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
+        constexprs={**common, **blocks},
+        compile_options=options,
+    ))
+    return dq, dk, dv

@@ -1,0 +1,119 @@
+"""The public entry point: argument checks, implementation choice, dispatch."""
+from __future__ import annotations
+
+import math
+import os
+from numbers import Real
+
+import jax
+import jax.numpy as jnp
+
+from jax_flash_amd import reference
+from jax_flash_amd._vjp import Options, flash_attention
+
+IMPLEMENTATIONS = ("triton", "interpret", "xla")
+_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32)
+MAX_HEAD_DIM = 256
+
+
+def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
+              return_lse: bool = False, implementation: str | None = None):
+    """Exact softmax attention, O(seq) memory, differentiable, as FlashAttention computes it.
+
+    Args:
+      q: (batch, seq_q, heads, head_dim) float16, bfloat16 or float32.
+      k, v: (batch, seq_k, heads, head_dim), same dtype as q. Any seq_q, seq_k >= 0; head_dim 1..256.
+      causal: query i sees key j iff j <= i + seq_k - seq_q (bottom-right aligned, as FlashAttention).
+        A query row that sees no key gets output 0, lse -inf and zero gradients.
+      softmax_scale: logits are scale * q.k; default 1 / sqrt(head_dim). A static positive number.
+      return_lse: also return the logsumexp of the scaled logits, (batch, heads, seq_q) float32,
+        natural log; it is differentiable too.
+      implementation: "triton" (GPU: CUDA or ROCm), "interpret" (the same Triton kernels in Triton's
+        interpreter on the CPU; needs TRITON_INTERPRET=1 before triton is imported), "xla" (pure JAX,
+        O(seq^2) memory, any backend). None: "triton" on a GPU backend, else "interpret" when
+        TRITON_INTERPRET=1, else "xla".
+
+    Returns:
+      out with q's shape and dtype, or (out, lse) when return_lse.
+
+    Example:
+      >>> out = jax_flash_amd.attention(q, k, v, causal=True)
+      >>> dq = jax.grad(lambda q: jax_flash_amd.attention(q, k, v).astype(jnp.float32).sum())(q)
+    """
+    q, k, v = _check_arrays(q, k, v)
+    _check_flag("causal", causal)
+    _check_flag("return_lse", return_lse)
+    scale = _check_scale(softmax_scale, q.shape[-1])
+    impl = _choose_implementation(implementation)
+
+    b, sq, h, _ = q.shape
+    if q.size == 0 or k.shape[1] == 0:  # nothing to attend to (or nothing to compute): no kernel launch
+        out = jnp.zeros_like(q)
+        lse = jnp.full((b, h, sq), -jnp.inf, jnp.float32)
+    elif impl == "xla":
+        out, lse = reference.attention(q, k, v, causal=causal, softmax_scale=scale)
+    else:
+        out, lse = flash_attention(q, k, v, Options(causal=causal, softmax_scale=scale, implementation=impl))
+    return (out, lse) if return_lse else out
+
+
+def _check_arrays(q, k, v):
+    arrays = {}
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{name} must be an array (batch, seq, heads, head_dim); got {type(x).__name__}")
+        if x.ndim != 4:
+            raise ValueError(f"{name} must have rank 4 (batch, seq, heads, head_dim); got shape {tuple(x.shape)}")
+        if jnp.dtype(x.dtype) not in [jnp.dtype(d) for d in _DTYPES]:
+            raise TypeError(f"{name} must be float16, bfloat16 or float32; got {jnp.dtype(x.dtype)}")
+        arrays[name] = jnp.asarray(x)
+    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must have the same dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got k {k.shape}, v {v.shape}")
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"q and k must have the same batch size; got q {q.shape[0]}, k {k.shape[0]}")
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"q and k must have the same head_dim; got q {q.shape[3]}, k {k.shape[3]}")
+    if not 1 <= q.shape[3] <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim (last axis of q, k, v) must be in 1..{MAX_HEAD_DIM}; got {q.shape[3]}")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"q and k must have the same number of heads (grouped-query attention is not "
+                         f"supported yet); got q {q.shape[2]} heads, k {k.shape[2]}")
+    return q, k, v
+
+
+def _check_flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a Python bool; got {type(value).__name__}")
+
+
+def _check_scale(softmax_scale, head_dim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, jax.core.Tracer) or not isinstance(softmax_scale, Real) or isinstance(softmax_scale, bool):
+        raise TypeError(f"softmax_scale must be a static Python number or None; got {type(softmax_scale).__name__}")
+    scale = float(softmax_scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"softmax_scale must be a finite number > 0; got {softmax_scale}")
+    return scale
+
+
+def _choose_implementation(implementation: str | None) -> str:
+    from jax_flash_amd import _interpret, _triton
+
+    if implementation is None:
+        if _triton.on_gpu():
+            implementation = "triton"
+        elif os.environ.get("TRITON_INTERPRET") == "1":
+            implementation = "interpret"
+        else:
+            implementation = "xla"
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or None; got {implementation!r}")
+    if implementation == "triton":
+        _triton.check_available()
+    elif implementation == "interpret":
+        _interpret.check_available()
+    return implementation

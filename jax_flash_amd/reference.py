@@ -1,0 +1,43 @@
+"""Pure-JAX attention: the `xla` implementation (works on any backend, O(N^2) memory).
+
+Numerics follow the kernels: logits in float32 from dots of the input dtype, softmax in float32,
+unnormalised probabilities rounded to the input dtype before the PV dot, float32 accumulation,
+normalisation last. Tests use it, in the input dtype, as the "same-dtype computation" that the
+kernels' error is measured against.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_HIGHEST = jax.lax.Precision.HIGHEST  # float32 inputs: true fp32 dots, not TF32
+
+
+def visible(seq_q: int, seq_k: int, causal: bool) -> jax.Array:
+    """(seq_q, seq_k) bool: query i sees key j (causal is bottom-right aligned)."""
+    if not causal:
+        return jnp.ones((seq_q, seq_k), bool)
+    i = jnp.arange(seq_q)[:, None]
+    j = jnp.arange(seq_k)[None, :]
+    return j <= i + (seq_k - seq_q)
+
+
+def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None):
+    """(out, lse) for q (B, Sq, H, D), k/v (B, Sk, H, D); lse (B, H, Sq) float32, natural log.
+
+    A query row that sees no key gives out = 0 and lse = -inf, with zero gradients.
+    """
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32, precision=_HIGHEST) * scale
+    s = jnp.where(visible(q.shape[1], k.shape[1], causal), s, -jnp.inf)
+    m = jax.lax.stop_gradient(jnp.max(s, axis=-1))
+    m = jnp.where(jnp.isfinite(m), m, 0.0)  # empty rows: exp(-inf - 0) = 0, no NaN
+    p = jnp.exp(s - m[..., None])
+    l = jnp.sum(p, axis=-1)
+    empty = l == 0.0
+    l_safe = jnp.where(empty, 1.0, l)
+    acc = jnp.einsum("bhqk,bkhd->bqhd", p.astype(q.dtype), v, preferred_element_type=jnp.float32,
+                     precision=_HIGHEST)
+    out = acc / jnp.transpose(l_safe, (0, 2, 1))[..., None]
+    lse = jnp.where(empty, -jnp.inf, m + jnp.log(l_safe))
+    return out.astype(q.dtype), lse

@@ -1,0 +1,141 @@
+"""Backward kernels: preprocess (delta), dK/dV (loop over query blocks), dQ (loop over key blocks).
+
+No atomics: every output block is written by exactly one program, so gradients are deterministic.
+With p = exp(s - lse):  dV = P^T dO,  dS = P * (dO V^T - delta),  dQ = scale dS K,  dK = scale dS^T Q,
+where delta = rowsum(dO * O) - dLse (a cotangent on lse adds P * dLse to dS).
+Layouts as in fwd.py; Lse, dLse, Delta are (batch, H, seq_q) fp32.
+"""
+import triton
+import triton.language as tl
+
+from .fwd import LOG2E
+from .masking import key_blocks, load_tile, query_blocks, store_tile, visible
+
+
+@triton.jit
+def attn_bwd_preprocess(Out, dOut, dLse, seq_q, Delta,
+                        H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    STRIDE: tl.constexpr = H * HEAD_DIM
+    base = b.to(tl.int64) * seq_q * STRIDE + h * HEAD_DIM
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = load_tile(Out + base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    do = load_tile(dOut + base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    row = bh.to(tl.int64) * seq_q + offs_m
+    dlse = tl.load(dLse + row, mask=offs_m < seq_q, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1) - dlse
+    tl.store(Delta + row, delta, mask=offs_m < seq_q)
+
+
+@triton.jit
+def _load_row_stats(Lse, Delta, row0, offs_m, seq_q):
+    """lse in base 2 (+inf for rows that see no key, so their P is 0) and delta, [BM] fp32."""
+    lse = tl.load(Lse + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    delta = tl.load(Delta + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
+    return lse2, delta
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, q_base, do_base, Lse, Delta, row0, lo, hi, offs_n, seq_q, seq_k, qk_scale,
+                STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                CAUSAL: tl.constexpr, MASKED: tl.constexpr):
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = load_tile(q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BM, BD]
+        do = load_tile(do_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BM, BD]
+        lse2, delta = _load_row_stats(Lse, Delta, row0, offs_m, seq_q)
+        s_t = tl.dot(k, tl.trans(q), input_precision="ieee")  # [BN, BM] fp32
+        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
+        if MASKED:
+            p_t = tl.where(visible(offs_m[None, :], offs_n[:, None], seq_q, seq_k, CAUSAL), p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")
+        dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")  # [BN, BM]
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision="ieee")
+    return dk, dv
+
+
+@triton.jit
+def attn_bwd_dkdv(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, dK, dV,
+                  H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    start_n = tl.program_id(0) * BLOCK_N
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    STRIDE: tl.constexpr = H * HEAD_DIM
+    q_base = b.to(tl.int64) * seq_q * STRIDE + h * HEAD_DIM
+    kv_base = b.to(tl.int64) * seq_k * STRIDE + h * HEAD_DIM
+    row0 = bh.to(tl.int64) * seq_q
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    qk_scale = sm_scale * LOG2E
+
+    k = load_tile(K + kv_base, offs_n, offs_d, STRIDE, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BN, BD]
+    v = load_tile(V + kv_base, offs_n, offs_d, STRIDE, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BN, BD]
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+
+    begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, begin, full_begin, offs_n,
+                         seq_q, seq_k, qk_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, True)
+    dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, full_begin, full_end, offs_n,
+                         seq_q, seq_k, qk_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, False)
+    dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, full_end, end, offs_n,
+                         seq_q, seq_k, qk_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, True)
+
+    store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, STRIDE, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
+    store_tile(dV + kv_base, dv, offs_n, offs_d, STRIDE, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
+
+
+@triton.jit
+def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, offs_m, seq_q, seq_k, qk_scale,
+              STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, MASKED: tl.constexpr):
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = load_tile(k_base, offs_n, offs_d, STRIDE, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
+        v = load_tile(v_base, offs_n, offs_d, STRIDE, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BM, BN] fp32
+        p = tl.math.exp2(s * qk_scale - lse2[:, None])
+        if MASKED:
+            p = tl.where(visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, CAUSAL), p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # [BM, BN]
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
+    return dq
+
+
+@triton.jit
+def attn_bwd_dq(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, dQ,
+                H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    STRIDE: tl.constexpr = H * HEAD_DIM
+    q_base = b.to(tl.int64) * seq_q * STRIDE + h * HEAD_DIM
+    kv_base = b.to(tl.int64) * seq_k * STRIDE + h * HEAD_DIM
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    qk_scale = sm_scale * LOG2E
+
+    q = load_tile(Q + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
+    do = load_tile(dOut + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
+    lse2, delta = _load_row_stats(Lse, Delta, bh.to(tl.int64) * seq_q, offs_m, seq_q)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    full_end, end = key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, 0, full_end, offs_m, seq_q, seq_k, qk_scale,
+                   STRIDE, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False)
+    dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, full_end, end, offs_m, seq_q, seq_k, qk_scale,
+                   STRIDE, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True)
+    store_tile(dQ + q_base, dq * sm_scale, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, BLOCK_D != HEAD_DIM)

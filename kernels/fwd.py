@@ -1,0 +1,77 @@
+"""Forward kernel: online softmax in base 2, masking paid only on boundary blocks.
+
+Layout: q, out (batch, seq_q, H, HEAD_DIM); k, v (batch, seq_k, H, HEAD_DIM), contiguous, so the
+row stride H * HEAD_DIM is a compile-time constant (aligned vector loads); lse (batch, H, seq_q) fp32,
+natural log. One program per (query block, batch * head).
+"""
+import triton
+import triton.language as tl
+
+from .masking import key_blocks, load_tile, store_tile, visible
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, offs_m, seq_q, seq_k, qk_scale,
+               STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr):
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = load_tile(k_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BM, BN] fp32
+        if MASKED:
+            s = tl.where(visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, CAUSAL), s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - m_use[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            m_use = m_new
+            p = tl.math.exp2(s * qk_scale - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attn_fwd(Q, K, V, sm_scale, seq_q, seq_k, Out, Lse,
+             H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
+    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    STRIDE: tl.constexpr = H * HEAD_DIM
+    q_base = Q + b.to(tl.int64) * seq_q * STRIDE + h * HEAD_DIM
+    k_base = K + b.to(tl.int64) * seq_k * STRIDE + h * HEAD_DIM
+    v_base = V + b.to(tl.int64) * seq_k * STRIDE + h * HEAD_DIM
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    qk_scale = sm_scale * LOG2E
+    q = load_tile(q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    full_end, end = key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, 0, full_end, offs_m, seq_q, seq_k, qk_scale,
+                               STRIDE, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, full_end, end, offs_m, seq_q, seq_k, qk_scale,
+                               STRIDE, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True)
+
+    # rows that saw no key: output 0, lse -inf
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    store_tile(Out + b.to(tl.int64) * seq_q * STRIDE + h * HEAD_DIM, out, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM,
+               BLOCK_D != HEAD_DIM)
+    tl.store(Lse + bh.to(tl.int64) * seq_q + offs_m, lse, mask=offs_m < seq_q)

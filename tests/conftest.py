@@ -1,0 +1,9 @@
+"""Test setup: on a CPU-only machine the kernels run in Triton's interpreter, which Triton enables
+only if TRITON_INTERPRET=1 is set before triton is first imported (so before jax_flash_amd)."""
+import os
+
+import jax
+
+ON_GPU = jax.default_backend() != "cpu"
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")

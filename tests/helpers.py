@@ -1,0 +1,67 @@
+"""Shared test helpers: which kernel implementation runs here, inputs, and the tolerance rule."""
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash_amd
+import oracle
+from conftest import ON_GPU
+
+# The kernels run as "triton" on a GPU (marked gpu) and as "interpret" on the CPU.
+KERNEL_IMPLS = [
+    pytest.param("triton", marks=[pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a GPU")]),
+    pytest.param("interpret", marks=pytest.mark.skipif(
+        ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")),
+]
+
+
+def inputs(shape_q, shape_k, dtype, seed=0, q_scale=1.0):
+    ks = jax.random.split(jax.random.key(seed), 5)
+    q = (jax.random.normal(ks[0], shape_q, jnp.float32) * q_scale).astype(dtype)
+    k = jax.random.normal(ks[1], shape_k, jnp.float32).astype(dtype)
+    v = jax.random.normal(ks[2], shape_k, jnp.float32).astype(dtype)
+    dout = jax.random.normal(ks[3], shape_q, jnp.float32).astype(dtype)
+    b, sq, h, _ = shape_q
+    dlse = jax.random.normal(ks[4], (b, h, sq), jnp.float32)
+    return q, k, v, dout, dlse
+
+
+def run(impl, q, k, v, dout, dlse, **kw):
+    """Forward and a vjp with random cotangents on both out and lse: dict(out, lse, dq, dk, dv)."""
+    def f(q, k, v):
+        return jax_flash_amd.attention(q, k, v, return_lse=True, implementation=impl, **kw)
+
+    (out, lse), vjp = jax.vjp(f, q, k, v)
+    dq, dk, dv = vjp((dout, dlse))
+    return dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+
+
+def _np(x):
+    return np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
+
+
+def assert_close(got, ref, base, dtype, names=("out", "lse", "dq", "dk", "dv")):
+    """FlashAttention's rule: the kernel's max error against float64 is at most 2x (forward) / 3x
+    (backward) that of a same-dtype computation done the way a fused kernel does it (`base`: the
+    reference implementation in the input dtype), plus a floor: one unit of the dtype's precision at
+    the tensor's scale (the output rounding both incur) and 1e-6 of it (float32 summation order,
+    which matters where gradients cancel, e.g. dq with a single visible key)."""
+    eps = float(jnp.finfo(dtype).eps)
+    for name in names:
+        g, r, b = _np(got[name]), ref[name], _np(base[name])
+        assert not np.isnan(g).any(), f"{name}: NaN in output"
+        if name == "lse":  # rows that see no key: exactly -inf in both
+            np.testing.assert_array_equal(np.isneginf(g), np.isneginf(r), err_msg="lse: -inf rows differ")
+            fin = np.isfinite(r)
+            g, r, b = g[fin], r[fin], b[fin]
+            eps = float(jnp.finfo(jnp.float32).eps)
+        if r.size == 0:
+            continue
+        err, base_err = np.max(np.abs(g - r)), np.max(np.abs(b - r))
+        factor = 2.0 if name in ("out", "lse") else 3.0
+        scale = np.max(np.abs(r))
+        bound = factor * base_err + eps * scale + 1e-6 * max(scale, 1.0)
+        assert err <= bound, f"{name}: max error {err:.3g} > {bound:.3g} (same-dtype reference: {base_err:.3g})"

@@ -1,0 +1,31 @@
+"""Float64 NumPy attention, forward and backward, written from the definition (the test oracle)."""
+import numpy as np
+
+
+def _f64(x):
+    return np.asarray(np.asarray(x).astype(np.float32), np.float64)
+
+
+def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None):
+    """Returns dict(out, lse, dq, dk, dv) in float64 for cotangents dout (and dlse, default 0)."""
+    q, k, v, dout = map(_f64, (q, k, v, dout))
+    sq, sk = q.shape[1], k.shape[1]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if causal:
+        s = np.where(np.arange(sk)[None, :] <= np.arange(sq)[:, None] + sk - sq, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m)
+    l = e.sum(-1, keepdims=True)
+    p = e / np.where(l == 0, 1.0, l)
+    lse = np.where(l[..., 0] == 0, -np.inf, m[..., 0] + np.log(np.where(l[..., 0] == 0, 1.0, l[..., 0])))
+    out = np.einsum("bhqk,bkhd->bqhd", p, v)
+    dlse = np.zeros_like(lse) if dlse is None else _f64(dlse)
+    dv = np.einsum("bhqk,bqhd->bkhd", p, dout)
+    dp = np.einsum("bqhd,bkhd->bhqk", dout, v)
+    delta = np.einsum("bqhd,bqhd->bhq", dout, out)
+    ds = p * (dp - delta[..., None] + dlse[..., None])
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, k) * scale
+    dk = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
+    return dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv)

@@ -1,0 +1,101 @@
+"""Numerics of the Triton kernels (interpret on CPU, triton on GPU) against float64."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash_amd
+import oracle
+from helpers import KERNEL_IMPLS, assert_close, inputs, run
+
+DTYPES = [jnp.float16, jnp.bfloat16, jnp.float32]
+
+
+def _check(impl, b, sq, sk, h, d, dtype, causal, seed=0, q_scale=1.0, scale=None):
+    q, k, v, dout, dlse = inputs((b, sq, h, d), (b, sk, h, d), dtype, seed, q_scale)
+    got = run(impl, q, k, v, dout, dlse, causal=causal, softmax_scale=scale)
+    base = run("xla", q, k, v, dout, dlse, causal=causal, softmax_scale=scale)
+    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, scale=scale)
+    assert_close(got, ref, base, dtype)
+    for name, x in (("out", q), ("dq", q), ("dk", k), ("dv", v)):
+        assert got[name].shape == x.shape and got[name].dtype == x.dtype, name
+    assert got["lse"].shape == (b, h, sq) and got["lse"].dtype == jnp.float32
+    return got
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (1, 203), (113, 113), (203, 77), (64, 200), (1023, 33)],
+                         ids=lambda x: str(x))
+def test_lengths(impl, dtype, causal, sq, sk):
+    _check(impl, 2, sq, sk, 2, 64, dtype, causal)
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("d", [1, 16, 59, 64, 72, 96, 128, 256])
+def test_head_dims(impl, dtype, d):
+    _check(impl, 1, 97, 130, 2, d, dtype, causal=True, seed=d)
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+def test_large_logits_stay_finite(impl, dtype):
+    got = _check(impl, 1, 150, 150, 2, 64, dtype, causal=False, q_scale=30.0)
+    for name, x in got.items():
+        assert np.isfinite(np.asarray(x.astype(jnp.float32))).all(), name
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_custom_scale(impl):
+    _check(impl, 1, 77, 77, 3, 40, jnp.float16, causal=True, scale=0.3)
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_rows_that_see_no_key(impl):
+    # causal with seq_q > seq_k: the first seq_q - seq_k query rows see no key
+    sq, sk = 100, 40
+    q, k, v, dout, dlse = inputs((2, sq, 2, 32), (2, sk, 2, 32), jnp.float16)
+    got = run(impl, q, k, v, dout, dlse, causal=True)
+    empty = sq - sk
+    assert (np.asarray(got["out"][:, :empty]) == 0).all()
+    assert np.isneginf(np.asarray(got["lse"][:, :, :empty])).all()
+    assert (np.asarray(got["dq"][:, :empty]) == 0).all()
+    assert np.isfinite(np.asarray(got["lse"][:, :, empty:])).all()
+    for x in got.values():
+        assert not np.isnan(np.asarray(x.astype(jnp.float32))).any()
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_backward_is_deterministic(impl):
+    q, k, v, dout, dlse = inputs((2, 150, 2, 64), (2, 150, 2, 64), jnp.bfloat16, seed=3)
+    a = run(impl, q, k, v, dout, dlse, causal=True)
+    b = run(impl, q, k, v, dout, dlse, causal=True)
+    for name in ("dq", "dk", "dv"):
+        np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]), err_msg=name)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.float16, 2e-2), (jnp.bfloat16, 5e-2)],
+                         ids=["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_xla_reference_matches_float64(dtype, tol, causal):
+    q, k, v, dout, dlse = inputs((2, 90, 2, 48), (2, 70, 2, 48), dtype)
+    got = run("xla", q, k, v, dout, dlse, causal=causal)
+    ref = oracle.attention(q, k, v, dout, dlse, causal=causal)
+    for name in ("out", "dq", "dk", "dv"):
+        err = np.max(np.abs(np.asarray(got[name].astype(jnp.float32)) - ref[name]))
+        assert err <= tol * np.max(np.abs(ref[name])), name
+    fin = np.isfinite(ref["lse"])
+    np.testing.assert_array_equal(np.isneginf(np.asarray(got["lse"])), ~fin)
+    np.testing.assert_allclose(np.asarray(got["lse"])[fin], ref["lse"][fin], rtol=1e-5, atol=1e-5)
+
+
+def test_empty_sequences():
+    q = jnp.ones((2, 5, 2, 8), jnp.float32)
+    k = jnp.ones((2, 0, 2, 8), jnp.float32)
+    out, lse = jax_flash_amd.attention(q, k, k, return_lse=True)
+    assert out.shape == q.shape and (np.asarray(out) == 0).all()
+    assert np.isneginf(np.asarray(lse)).all() and lse.shape == (2, 2, 5)
+    out = jax_flash_amd.attention(k, q, q)
+    assert out.shape == k.shape
