@@ -53,14 +53,15 @@ TARGETS = {
         ],
         "dkdv": [
             dict(max_block_d=64, BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3),
-            dict(max_block_d=128, BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3),
-            dict(max_block_d=256, BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
+            # H200, D 128, N 4096: 4.3 ms backward vs 8.5 ms for 32 x 128 x 4 warps (3 KB of spills)
+            dict(max_block_d=128, BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
+            dict(max_block_d=256, BLOCK_M=32, BLOCK_N=64, num_warps=8, num_stages=2),  # 4 warps: 4.5 KB spills
             dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
         ],
         "dq": [
             dict(max_block_d=64, BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=3),
-            dict(max_block_d=128, BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=3),
-            dict(max_block_d=256, BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2),
+            dict(max_block_d=128, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),  # no spills at D 128
+            dict(max_block_d=256, BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2),
             dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1),
         ],
         "preprocess": _PRE,
