@@ -53,6 +53,7 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     elif impl == "xla":
         out, lse = reference.attention(q, k, v, causal=causal, softmax_scale=scale)
     else:
+        _check_kernel_limits(q, k)
         out, lse = flash_attention(q, k, v, Options(causal=causal, softmax_scale=scale, implementation=impl))
     return (out, lse) if return_lse else out
 
@@ -82,6 +83,15 @@ def _check_arrays(q, k, v):
         raise ValueError(f"q and k must have the same number of heads (grouped-query attention is not "
                          f"supported yet); got q {q.shape[2]} heads, k {k.shape[2]}")
     return q, k, v
+
+
+def _check_kernel_limits(q, k) -> None:
+    # the kernels address rows within one batch element with 32-bit offsets (seq * heads * head_dim)
+    for name, x in (("q", q), ("k", k)):
+        if x.shape[1] * x.shape[2] * x.shape[3] >= 2**31:
+            raise ValueError(f"{name} has {x.shape[1] * x.shape[2] * x.shape[3]} elements per batch entry "
+                             f"(seq * heads * head_dim); the kernels support fewer than 2**31. Split the heads "
+                             f"over several calls, or use implementation='xla'.")
 
 
 def _check_flag(name: str, value) -> None:

@@ -1,11 +1,19 @@
 """Bad input raises a clear error naming the argument, before any kernel runs."""
+import os
+import subprocess
+import sys
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jax_flash_amd
 
+from conftest import ON_GPU
+
 Q = jnp.zeros((1, 8, 2, 16), jnp.float16)
+KERNEL_IMPL = "triton" if ON_GPU else "interpret"
 
 
 @pytest.mark.parametrize("args,kwargs,exc,match", [
@@ -34,7 +42,30 @@ def test_bad_input(args, kwargs, exc, match):
         jax_flash_amd.attention(*args, **kwargs)
 
 
+def test_too_long_for_32_bit_offsets():
+    big = jax.ShapeDtypeStruct((1, 2**24, 16, 128), jnp.bfloat16)  # traced only, never allocated
+    with pytest.raises(ValueError, match="fewer than 2\\*\\*31"):
+        jax.eval_shape(lambda q: jax_flash_amd.attention(q, q, q, implementation=KERNEL_IMPL), big)
+
+
 def test_numpy_inputs_are_accepted():
     x = np.random.default_rng(0).standard_normal((1, 5, 1, 8)).astype(np.float32)
     out = jax_flash_amd.attention(x, x, x, implementation="xla")
     assert out.shape == x.shape
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU-only behaviour")
+def test_triton_on_cpu_says_what_to_use():
+    with pytest.raises(RuntimeError, match="needs a GPU backend"):
+        jax_flash_amd.attention(Q, Q, Q, implementation="triton")
+
+
+def test_interpret_without_env_var_says_how():
+    code = ("import jax.numpy as jnp, jax_flash_amd\n"
+            "q = jnp.zeros((1, 4, 1, 16), jnp.float16)\n"
+            "jax_flash_amd.attention(q, q, q, implementation='interpret')\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "TRITON_INTERPRET=1" in proc.stderr and "RuntimeError" in proc.stderr
