@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from .fwd import LOG2E
-from .masking import key_blocks, load_tile, query_blocks, store_tile, visible
+from .masking import head_start, key_blocks, load_tile, query_blocks, store_tile, visible
 
 
 @triton.jit
@@ -17,10 +17,8 @@ def attn_bwd_preprocess(Out, dOut, dLse, seq_q, Delta,
                         H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
     STRIDE: tl.constexpr = H * HEAD_DIM
-    base = b.to(tl.int64) * seq_q * STRIDE + h * HEAD_DIM
+    base = head_start(bh, seq_q, H, HEAD_DIM)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     o = load_tile(Out + base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
@@ -67,11 +65,9 @@ def attn_bwd_dkdv(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, dK, dV,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
     STRIDE: tl.constexpr = H * HEAD_DIM
-    q_base = b.to(tl.int64) * seq_q * STRIDE + h * HEAD_DIM
-    kv_base = b.to(tl.int64) * seq_k * STRIDE + h * HEAD_DIM
+    q_base = head_start(bh, seq_q, H, HEAD_DIM)
+    kv_base = head_start(bh, seq_k, H, HEAD_DIM)
     row0 = bh.to(tl.int64) * seq_q
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -119,11 +115,9 @@ def attn_bwd_dq(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, dQ,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
     STRIDE: tl.constexpr = H * HEAD_DIM
-    q_base = b.to(tl.int64) * seq_q * STRIDE + h * HEAD_DIM
-    kv_base = b.to(tl.int64) * seq_k * STRIDE + h * HEAD_DIM
+    q_base = head_start(bh, seq_q, H, HEAD_DIM)
+    kv_base = head_start(bh, seq_k, H, HEAD_DIM)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     qk_scale = sm_scale * LOG2E

@@ -7,7 +7,7 @@ natural log. One program per (query block, batch * head).
 import triton
 import triton.language as tl
 
-from .masking import key_blocks, load_tile, store_tile, visible
+from .masking import head_start, key_blocks, load_tile, store_tile, visible
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -47,12 +47,12 @@ def attn_fwd(Q, K, V, sm_scale, seq_q, seq_k, Out, Lse,
     # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
     STRIDE: tl.constexpr = H * HEAD_DIM
-    q_base = Q + b.to(tl.int64) * seq_q * STRIDE + h * HEAD_DIM
-    k_base = K + b.to(tl.int64) * seq_k * STRIDE + h * HEAD_DIM
-    v_base = V + b.to(tl.int64) * seq_k * STRIDE + h * HEAD_DIM
+    q_start = head_start(bh, seq_q, H, HEAD_DIM)
+    kv_start = head_start(bh, seq_k, H, HEAD_DIM)
+    q_base = Q + q_start
+    k_base = K + kv_start
+    v_base = V + kv_start
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
@@ -72,6 +72,6 @@ def attn_fwd(Q, K, V, sm_scale, seq_q, seq_k, Out, Lse,
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    store_tile(Out + b.to(tl.int64) * seq_q * STRIDE + h * HEAD_DIM, out, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM,
+    store_tile(Out + q_start, out, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM,
                BLOCK_D != HEAD_DIM)
     tl.store(Lse + bh.to(tl.int64) * seq_q + offs_m, lse, mask=offs_m < seq_q)

@@ -1,10 +1,18 @@
-"""The one place that says which (query, key) pairs are visible and which blocks need masking.
+"""The one place that says what a program touches: where a (batch, head) starts, which (query, key)
+pairs are visible, which blocks need masking, and masked tile loads and stores.
 
-Used by the forward and by both backward kernels. Causal attention is bottom-right aligned:
+Used by the forward and by all backward kernels. Causal attention is bottom-right aligned:
 query i sees key j iff j <= i + seq_k - seq_q.
 """
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def head_start(bh, seq, H: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Element offset of row 0 of (batch, head) = divmod(bh, H) in a contiguous (batch, seq, H, HEAD_DIM)
+    tensor; rows are H * HEAD_DIM apart. 64-bit: a whole tensor may exceed 2**31 elements."""
+    return (bh // H).to(tl.int64) * seq * (H * HEAD_DIM) + (bh % H) * HEAD_DIM
 
 
 @triton.jit
