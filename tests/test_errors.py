@@ -11,9 +11,9 @@ import pytest
 import jax_flash_amd
 
 from conftest import ON_GPU
+from helpers import KERNEL_IMPLS
 
 Q = jnp.zeros((1, 8, 2, 16), jnp.float16)
-KERNEL_IMPL = "triton" if ON_GPU else "interpret"
 
 
 @pytest.mark.parametrize("args,kwargs,exc,match", [
@@ -42,10 +42,11 @@ def test_bad_input(args, kwargs, exc, match):
         jax_flash_amd.attention(*args, **kwargs)
 
 
-def test_too_long_for_32_bit_offsets():
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_too_long_for_32_bit_offsets(impl):
     big = jax.ShapeDtypeStruct((1, 2**24, 16, 128), jnp.bfloat16)  # traced only, never allocated
     with pytest.raises(ValueError, match="fewer than 2\\*\\*31"):
-        jax.eval_shape(lambda q: jax_flash_amd.attention(q, q, q, implementation=KERNEL_IMPL), big)
+        jax.eval_shape(lambda q: jax_flash_amd.attention(q, q, q, implementation=impl), big)
 
 
 def test_numpy_inputs_are_accepted():
