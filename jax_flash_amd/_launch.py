@@ -34,15 +34,23 @@ def block_d(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
-def pick_config(target: str, kernel: str, head_dim: int, dtype) -> tuple[dict, dict]:
-    """(block constexprs, compiler options) of the first configs.TARGETS row that fits."""
-    width = block_d(head_dim) * jnp.dtype(dtype).itemsize // 2
-    for row in configs.TARGETS[target][kernel]:
-        if row["max_block_d"] >= width:
-            blocks = {k: v for k, v in row.items() if k.startswith("BLOCK_")}
-            options = {k: v for k, v in row.items() if k != "max_block_d" and not k.startswith("BLOCK_")}
-            return blocks, options
-    raise ValueError(f"no {kernel} config for head_dim={head_dim}, dtype={dtype} on {target}")
+def config_width(head_dim: int, dtype) -> int:
+    """The head width a config row must cover: float32 tiles count double (twice the registers)."""
+    return block_d(head_dim) * jnp.dtype(dtype).itemsize // 2
+
+
+def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None) -> tuple[dict, dict]:
+    """(block constexprs, compiler options): rows[kernel] when given (autotuning), else the heuristic
+    default, the first configs.TARGETS row whose max_block_d covers the head."""
+    row = (rows or {}).get(kernel)
+    if row is None:
+        width = config_width(head_dim, dtype)
+        row = next((r for r in configs.TARGETS[target][kernel] if r["max_block_d"] >= width), None)
+        if row is None:
+            raise ValueError(f"no {kernel} config for head_dim={head_dim}, dtype={dtype} on {target}")
+    blocks = {k: v for k, v in row.items() if k.startswith("BLOCK_")}
+    options = {k: v for k, v in row.items() if k != "max_block_d" and not k.startswith("BLOCK_")}
+    return blocks, options
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -53,10 +61,11 @@ def _common(q, k, causal: bool) -> dict[str, Any]:
     return dict(H=q.shape[2], HEAD_DIM=q.shape[3], BLOCK_D=block_d(q.shape[3]), CAUSAL=bool(causal))
 
 
-def forward(run: Run, target: str, q, k, v, *, causal: bool, scale: float):
-    """(out, lse): out like q, lse (batch, heads, seq_q) float32, natural log."""
+def forward(run: Run, target: str, q, k, v, *, causal: bool, scale: float, rows=None):
+    """(out, lse): out like q, lse (batch, heads, seq_q) float32, natural log. rows: {kernel: config row}
+    overriding the defaults (autotuning)."""
     b, sq, h, _ = q.shape
-    blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype)
+    blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows)
     out, lse = run(Launch(
         kernel=fwd.attn_fwd,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
@@ -68,12 +77,12 @@ def forward(run: Run, target: str, q, k, v, *, causal: bool, scale: float):
     return out, lse
 
 
-def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, *, causal: bool, scale: float):
+def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, *, causal: bool, scale: float, rows=None):
     """(dq, dk, dv) for cotangents dout (like out) and dlse (like lse)."""
     b, sq, h, d = q.shape
     sk = k.shape[1]
     common = _common(q, k, causal)
-    blocks, options = pick_config(target, "preprocess", d, q.dtype)
+    blocks, options = pick_config(target, "preprocess", d, q.dtype, rows)
     (delta,) = run(Launch(
         kernel=bwd.attn_bwd_preprocess,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
@@ -82,7 +91,7 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, *, causal: bo
         constexprs={k_: common[k_] for k_ in ("H", "HEAD_DIM", "BLOCK_D")} | blocks,
         compile_options=options,
     ))
-    blocks, options = pick_config(target, "dkdv", d, q.dtype)
+    blocks, options = pick_config(target, "dkdv", d, q.dtype, rows)
     dk, dv = run(Launch(
         kernel=bwd.attn_bwd_dkdv,
         grid=(_cdiv(sk, blocks["BLOCK_N"]), b * h),
@@ -91,7 +100,7 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, *, causal: bo
         constexprs={**common, **blocks},
         compile_options=options,
     ))
-    blocks, options = pick_config(target, "dq", d, q.dtype)
+    blocks, options = pick_config(target, "dq", d, q.dtype, rows)
     (dq,) = run(Launch(
         kernel=bwd.attn_bwd_dq,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),

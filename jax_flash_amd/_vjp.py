@@ -6,7 +6,7 @@ import functools
 
 import jax
 
-from jax_flash_amd import _launch
+from jax_flash_amd import _launch, autotune
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +27,8 @@ def _backend(opts: Options):
 
 def _forward(q, k, v, opts: Options):
     run, target = _backend(opts)
-    return _launch.forward(run, target, q, k, v, causal=opts.causal, scale=opts.softmax_scale)
+    rows = autotune.rows_for(run, target, q, k, opts.causal, opts.softmax_scale, ("fwd",))
+    return _launch.forward(run, target, q, k, v, causal=opts.causal, scale=opts.softmax_scale, rows=rows)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -45,8 +46,9 @@ def _bwd_rule(opts: Options, residuals, cotangents):
     q, k, v, out, lse = residuals
     dout, dlse = cotangents
     run, target = _backend(opts)
+    rows = autotune.rows_for(run, target, q, k, opts.causal, opts.softmax_scale, ("dkdv", "dq"))
     return _launch.backward(run, target, q, k, v, out, lse, dout.astype(out.dtype), dlse,
-                            causal=opts.causal, scale=opts.softmax_scale)
+                            causal=opts.causal, scale=opts.softmax_scale, rows=rows)
 
 
 flash_attention.defvjp(_fwd_rule, _bwd_rule)

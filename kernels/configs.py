@@ -13,12 +13,15 @@ queries streamed), "dq" (BLOCK_M queries held, BLOCK_N keys streamed), "preproce
 _PRE = [dict(max_block_d=512, BLOCK_M=64, num_warps=4, num_stages=1)]
 
 
-def _hip(fwd_wide_n):
+def _hip():
     # AMD practice (ROCm's Triton FA): no software pipelining (num_stages=1), occupancy asked for
-    # with waves_per_eu, 16x16 MFMA in the backward.
+    # with waves_per_eu, 16x16 MFMA in the backward. Checked with `python -m jax_flash_amd.amd_report
+    # --check` (no spills, forward at 2 waves/SIMD): ROCm's usual 128 x 64 x 4 warps forward spills
+    # ~100 bytes/lane in this kernel at D 128 (triton 3.9), 8 warps do not.
     return {
         "fwd": [
-            dict(max_block_d=128, BLOCK_M=128, BLOCK_N=fwd_wide_n, num_warps=4, num_stages=1, waves_per_eu=2),
+            dict(max_block_d=64, BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2),
+            dict(max_block_d=128, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=1, waves_per_eu=2),
             dict(max_block_d=256, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=1),
             dict(max_block_d=512, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=1),
         ],
@@ -66,9 +69,9 @@ TARGETS = {
         ],
         "preprocess": _PRE,
     },
-    "gfx90a": _hip(fwd_wide_n=64),  # MI200: 64 KiB LDS
-    "gfx942": _hip(fwd_wide_n=64),  # MI300
-    "gfx950": _hip(fwd_wide_n=128),  # MI350: 160 KiB LDS
+    "gfx90a": _hip(),  # MI200: 64 KiB LDS
+    "gfx942": _hip(),  # MI300: 64 KiB LDS
+    "gfx950": _hip(),  # MI350: 160 KiB LDS (128 x 128 forward tiles spill ~500 bytes/lane at D 128)
     # Triton's interpreter on CPU (tests): small unequal blocks, so ragged, diagonal and unmasked
     # blocks all occur at test sizes.
     "interpret": {
@@ -76,5 +79,65 @@ TARGETS = {
         "dkdv": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)],
         "dq": [dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)],
         "preprocess": [dict(max_block_d=512, BLOCK_M=32, num_warps=4, num_stages=1)],
+    },
+}
+
+
+# Opt-in autotuning (jax_flash_amd.autotune) times these per kernel: at most 8 per head width, rows in
+# the TARGETS format. Tuples are (BLOCK_M, BLOCK_N, num_warps, num_stages); HIP rows add their options.
+def _rows(max_block_d, tuples, **options):
+    return [dict(max_block_d=max_block_d, BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s, **options)
+            for m, n, w, s in tuples]
+
+
+_CUDA_FWD = [(128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 3)]
+_CUDA_DKDV = [(32, 128, 4, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3),
+              (64, 64, 8, 2), (128, 128, 8, 2)]
+_CUDA_DQ = [(128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 8, 3), (128, 64, 4, 2),
+            (64, 128, 8, 2), (64, 64, 4, 4)]
+_HIP_BWD = dict(waves_per_eu=1, matrix_instr_nonkdim=16)
+
+
+def _hip_candidates():
+    return {
+        "fwd": (_rows(64, [(128, 64, 4, 1), (128, 128, 4, 1), (64, 64, 4, 1), (128, 64, 8, 1), (128, 32, 4, 1)],
+                      waves_per_eu=2)
+                + _rows(128, [(128, 64, 8, 1), (128, 32, 4, 1), (128, 64, 4, 1), (64, 64, 4, 1), (128, 128, 8, 1),
+                              (64, 32, 4, 1)], waves_per_eu=2)
+                + _rows(256, [(64, 64, 4, 1), (64, 32, 4, 1), (32, 64, 4, 1), (128, 32, 8, 1)], waves_per_eu=1)
+                + _rows(512, [(32, 32, 4, 1), (32, 16, 4, 1)], waves_per_eu=1)),
+        "dkdv": (_rows(128, [(32, 128, 4, 1), (16, 128, 4, 1), (32, 64, 4, 1), (64, 64, 4, 1), (64, 128, 8, 1),
+                             (16, 64, 4, 1)], **_HIP_BWD)
+                 + _rows(256, [(16, 64, 4, 1), (32, 64, 8, 1), (16, 32, 4, 1)], **_HIP_BWD)
+                 + _rows(512, [(16, 32, 4, 1), (16, 16, 4, 1)], **_HIP_BWD)),
+        "dq": (_rows(128, [(128, 32, 4, 1), (64, 32, 4, 1), (128, 16, 4, 1), (64, 64, 4, 1), (128, 64, 8, 1),
+                           (32, 32, 4, 1)], **_HIP_BWD)
+               + _rows(256, [(64, 16, 4, 1), (32, 32, 4, 1), (64, 32, 8, 1)], **_HIP_BWD)
+               + _rows(512, [(32, 16, 4, 1), (16, 16, 4, 1)], **_HIP_BWD)),
+    }
+
+
+CANDIDATES = {
+    "cuda": {
+        "fwd": (_rows(64, [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3),
+                           (64, 128, 4, 3)])
+                + _rows(128, _CUDA_FWD)
+                + _rows(256, [(128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2)])
+                + _rows(512, [(64, 32, 4, 1), (32, 32, 4, 1), (64, 16, 4, 1)])),
+        "dkdv": (_rows(64, _CUDA_DKDV) + _rows(128, _CUDA_DKDV)
+                 + _rows(256, [(32, 64, 8, 2), (16, 64, 4, 2), (32, 32, 4, 2), (16, 32, 4, 1)])
+                 + _rows(512, [(16, 32, 4, 1), (16, 16, 4, 1)])),
+        "dq": (_rows(64, _CUDA_DQ) + _rows(128, _CUDA_DQ)
+               + _rows(256, [(64, 32, 8, 2), (32, 32, 4, 2), (64, 16, 4, 2)])
+               + _rows(512, [(32, 16, 4, 1), (16, 16, 4, 1)])),
+    },
+    "gfx90a": _hip_candidates(),
+    "gfx942": _hip_candidates(),
+    "gfx950": _hip_candidates(),
+    # two each, so the tuning path itself is tested on the CPU
+    "interpret": {
+        "fwd": _rows(512, [(32, 16, 4, 1), (16, 32, 4, 1)]),
+        "dkdv": _rows(512, [(16, 32, 4, 1), (32, 16, 4, 1)]),
+        "dq": _rows(512, [(32, 16, 4, 1), (16, 16, 4, 1)]),
     },
 }

@@ -1,0 +1,38 @@
+"""One forward+backward of jax_flash_amd and of cuDNN, with no warm-up launches, to run under Nsight
+Compute (every kernel it launches is a real one; compilation launches none):
+
+    ncu --clock-control none --kernel-name regex:'attn_|cudnn|fmha|sdpa' --launch-count 12 \\
+        --section SpeedOfLight --section WarpStateStats --section Occupancy \\
+        python -m benchmarks.profile_kernels --n 4096 --d 128
+"""
+import argparse
+
+import jax
+import jax.numpy as jnp
+
+import jax_flash_amd
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--peers", default="cudnn")
+    args = ap.parse_args()
+    b, h = max(1, 16384 // args.n), 2048 // args.d
+    keys = jax.random.split(jax.random.key(0), 4)
+    q, k, v, do = (jax.random.normal(kk, (b, args.n, h, args.d), jnp.bfloat16) for kk in keys)
+    fns = {"jax_flash_amd": lambda q, k, v: jax_flash_amd.attention(q, k, v, causal=args.causal)}
+    if "cudnn" in args.peers:
+        fns["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=args.causal,
+                                                                    implementation="cudnn")
+    for name, fn in fns.items():
+        step = jax.jit(lambda q, k, v, do: jax.vjp(fn, q, k, v)[1](do))
+        compiled = step.lower(q, k, v, do).compile()
+        jax.block_until_ready(compiled(q, k, v, do))
+        print(name, "done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

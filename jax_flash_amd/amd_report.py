@@ -1,0 +1,211 @@
+"""Register, spill, LDS and occupancy report of every kernel at its default config, cross-compiled
+on the CPU with Triton's own HIP (and CUDA) backends: no GPU, no ROCm needed.
+
+    python -m jax_flash_amd.amd_report [--arch gfx90a,gfx942,gfx950,sm90] [--head-dims 64,128,256]
+                                       [--dtypes float16,bfloat16] [--check] [--jobs N]
+
+The launches (kernel, constexprs, compile options) are recorded from the same code that runs them on a
+GPU (``_launch.forward`` / ``_launch.backward``), so the numbers describe what users run. ``--check`` exits
+non-zero when a default config spills, needs more LDS / shared memory than the arch has, or gives the
+forward at head_dim <= 128 on gfx942 (MI300) fewer than 2 waves per SIMD.
+Run it without TRITON_INTERPRET: it compiles the kernels, it does not interpret them.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_flash_amd import _launch
+
+AMD_ARCHS = ("gfx90a", "gfx942", "gfx950")
+# Bytes of LDS per workgroup (AMD: per CU) and shared memory per block (sm90, opt-in maximum).
+LOCAL_MEMORY = {"gfx90a": 64 << 10, "gfx942": 64 << 10, "gfx950": 160 << 10, "sm90": 227 << 10}
+SIMDS_PER_CU = 4
+_TRITON_DTYPE = {jnp.dtype(jnp.float16): "fp16", jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float32): "fp32"}
+
+
+@dataclasses.dataclass
+class Row:
+    arch: str
+    kernel: str
+    head_dim: int
+    dtype: str
+    causal: bool
+    config: str
+    vgprs: int = 0  # AMD: arch VGPRs; sm90: registers per thread
+    agprs: int = 0
+    sgprs: int = 0
+    spill_bytes: int = 0  # AMD: scratch bytes per lane; sm90: spill stores
+    local_mem: int = 0  # LDS / shared memory bytes per workgroup
+    occupancy: int = 0  # AMD: waves per SIMD; sm90: 0 (not computed)
+    error: str = ""
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.error:
+            out.append(f"compile failed: {self.error}")
+        if self.spill_bytes:
+            out.append(f"spills {self.spill_bytes} bytes")
+        if self.local_mem > LOCAL_MEMORY[self.arch]:
+            out.append(f"needs {self.local_mem} B of LDS/shared memory, {self.arch} has {LOCAL_MEMORY[self.arch]}")
+        if self.arch == "gfx942" and self.kernel == "fwd" and self.head_dim <= 128 and self.occupancy < 2:
+            out.append(f"forward occupancy {self.occupancy} < 2 waves/SIMD")
+        return out
+
+
+def _target(arch: str) -> str:
+    return "cuda" if arch == "sm90" else arch
+
+
+def record_launches(target: str, head_dim: int, dtype, causal: bool) -> list[tuple[str, _launch.Launch]]:
+    """The launches of one forward and one backward, as the runtime would make them (shapes are nominal:
+    sequence lengths are runtime arguments and do not change the compiled code)."""
+    recorded = []
+
+    def run(launch):
+        recorded.append(launch)
+        return launch.out_shapes
+
+    x = jax.ShapeDtypeStruct((1, 1024, 16, head_dim), jnp.dtype(dtype))
+    out, lse = _launch.forward(run, target, x, x, x, causal=causal, scale=head_dim ** -0.5)
+    _launch.backward(run, target, x, x, x, out, lse, out, lse, causal=causal, scale=head_dim ** -0.5)
+    names = {"attn_fwd": "fwd", "attn_bwd_preprocess": "preprocess", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq"}
+    return [(names[launch.kernel.__name__], launch) for launch in recorded]
+
+
+def _source(launch: _launch.Launch):
+    from triton.compiler import ASTSource
+
+    names = list(inspect.signature(launch.kernel.fn).parameters)
+    values = [*launch.args, *launch.out_shapes]
+    signature, attrs = {}, {}
+    for i, (name, value) in enumerate(zip(names, values)):
+        if isinstance(value, jax.ShapeDtypeStruct):
+            signature[name] = "*" + _TRITON_DTYPE[jnp.dtype(value.dtype)]
+            attrs[(i,)] = [["tt.divisibility", 16]]  # jax-triton passes 16-byte aligned buffers
+        elif isinstance(value, np.floating):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+    for name in names[len(values):]:
+        signature[name] = "constexpr"
+    return ASTSource(launch.kernel, signature, constexprs=dict(launch.constexprs), attrs=attrs)
+
+
+def _amd_stats(row: Row, compiled, num_warps: int) -> None:
+    gcn = compiled.asm["amdgcn"]
+
+    def field(pattern):
+        m = re.search(pattern, gcn, re.M)
+        return int(m.group(1)) if m else 0
+
+    row.vgprs = field(r"^\s*\.vgpr_count:\s+(\d+)")
+    row.agprs = field(r"^\s*\.agpr_count:\s+(\d+)")
+    row.sgprs = field(r"^\s*\.sgpr_count:\s+(\d+)")
+    row.spill_bytes = field(r"^; ScratchSize: (\d+)")
+    row.local_mem = compiled.metadata.shared
+    occupancy = field(r"^; Occupancy: (\d+)")  # from registers (LLVM does not see Triton's dynamic LDS)
+    if row.local_mem:
+        workgroups = LOCAL_MEMORY[row.arch] // row.local_mem
+        occupancy = min(occupancy, workgroups * num_warps // SIMDS_PER_CU)
+    row.occupancy = occupancy
+
+
+def _cuda_stats(row: Row, compiled) -> None:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        log = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", ptx, "-o", os.path.join(tmp, "k.o")],
+                             capture_output=True, text=True, check=True).stderr
+    row.vgprs = int(re.search(r"Used (\d+) registers", log).group(1))
+    row.spill_bytes = int(re.search(r"(\d+) bytes spill stores", log).group(1))
+    row.local_mem = compiled.metadata.shared
+
+
+def compile_row(arch: str, head_dim: int, dtype: str, causal: bool, kernel: str) -> Row:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    launch = dict(record_launches(_target(arch), head_dim, dtype, causal))[kernel]
+    options = dict(launch.compile_options)
+    shown = {k: v for k, v in launch.constexprs.items() if k.startswith("BLOCK_") and k != "BLOCK_D"}
+    row = Row(arch, kernel, head_dim, dtype, causal, config=" ".join(f"{k}={v}" for k, v in {**shown, **options}.items()))
+    target = GPUTarget("cuda", 90, 32) if arch == "sm90" else GPUTarget("hip", arch, 64)
+    try:
+        compiled = triton.compile(_source(launch), target=target, options=options)
+        if arch == "sm90":
+            _cuda_stats(row, compiled)
+        else:
+            _amd_stats(row, compiled, options.get("num_warps", 4))
+    except Exception as e:  # report it as a row; --check fails on it
+        row.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+    return row
+
+
+def report(archs, head_dims, dtypes, jobs: int) -> list[Row]:
+    work = []
+    for arch in archs:
+        for head_dim in head_dims:
+            for dtype in dtypes:
+                for causal in (False, True):
+                    for kernel, _ in record_launches(_target(arch), head_dim, dtype, causal):
+                        if kernel == "preprocess" and causal:
+                            continue  # does not depend on the mask
+                        work.append((arch, head_dim, dtype, causal, kernel))
+    # launches hold the kernels, which do not pickle: each worker records them again
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(compile_row, *zip(*work)))
+
+
+def format_table(rows: list[Row]) -> str:
+    head = ("| arch | kernel | D | dtype | causal | config | VGPR | AGPR | SGPR | spill B | LDS/smem B | waves/SIMD |"
+            " problems |")
+    lines = [head, "|" + "---|" * 13]
+    for r in rows:
+        lines.append(f"| {r.arch} | {r.kernel} | {r.head_dim} | {r.dtype} | {'yes' if r.causal else 'no'} | {r.config} "
+                     f"| {r.vgprs} | {r.agprs} | {r.sgprs} | {r.spill_bytes} | {r.local_mem} | {r.occupancy or '-'} "
+                     f"| {'; '.join(r.problems())} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jax_flash_amd.amd_report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", default=",".join(AMD_ARCHS),
+                    help=f"comma-separated, from {', '.join(LOCAL_MEMORY)} (sm90: NVIDIA Hopper, registers from ptxas)")
+    ap.add_argument("--head-dims", default="64,128,256")
+    ap.add_argument("--dtypes", default="float16,bfloat16")
+    ap.add_argument("--check", action="store_true", help="exit 1 if any default config spills, overflows LDS, "
+                                                         "or gives the gfx942 forward (D <= 128) occupancy < 2")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        ap.error("unset TRITON_INTERPRET: the report compiles the kernels")
+    archs = [a for a in args.arch.split(",") if a]
+    unknown = [a for a in archs if a not in LOCAL_MEMORY]
+    if unknown:
+        ap.error(f"--arch: unknown {unknown}; expected some of {list(LOCAL_MEMORY)}")
+    rows = report(archs, [int(d) for d in args.head_dims.split(",")], args.dtypes.split(","), args.jobs)
+    print(format_table(rows))
+    bad = [r for r in rows if r.problems()]
+    if args.check:
+        print(f"\ncheck: {len(rows) - len(bad)}/{len(rows)} kernels pass", file=sys.stderr)
+        return 1 if bad else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

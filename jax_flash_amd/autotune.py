@@ -1,0 +1,145 @@
+"""Opt-in autotuning of the kernels' block configs.
+
+By default every launch uses the heuristic config of ``kernels/configs.py`` (``TARGETS``: by target and
+head width). With autotuning on, the first call for a key times each candidate of ``configs.CANDIDATES``
+(at most 8 per kernel) on random inputs of the call's shape and keeps the fastest::
+
+    jax_flash_amd.autotune.enable()          # or: with jax_flash_amd.autotune.enabled(): ...
+    out = jax_flash_amd.attention(q, k, v, causal=True)   # tunes while this call is traced
+
+The key is (target, kernel, head width, dtype, causal, length bucket): sequence lengths fall into a few
+coarse buckets (``BUCKETS``), so a new length in a known bucket reuses the choice instead of re-tuning
+(and recompiling) per length. Tuning runs the candidates eagerly while the caller is being traced, so
+the first trace of a new key takes seconds to minutes (one Triton compile per candidate); ``table()``
+lists the choices, ``forget()`` drops them, and the logger ``jax_flash_amd.autotune`` at INFO level
+prints every candidate's time (a config sweep: that is how kernels/configs.py's defaults are chosen). The forward is tuned on the first forward, dK/dV and dQ on
+the first backward.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_flash_amd import _launch
+from jax_flash_amd.kernels import configs
+
+log = logging.getLogger(__name__)
+
+BUCKETS = (1024, 4096, 16384)  # longest sequence <= bucket; anything longer is one last bucket
+_enabled = False
+_table: dict[tuple, dict] = {}
+
+
+def enable(on: bool = True) -> None:
+    """Turn autotuning on (or off) for calls traced from now on. Already compiled functions keep their configs."""
+    global _enabled
+    _enabled = bool(on)
+
+
+def is_enabled() -> bool:
+    return _enabled
+
+
+@contextlib.contextmanager
+def enabled(on: bool = True):
+    """Context manager form of enable(): restores the previous setting on exit."""
+    before = _enabled
+    enable(on)
+    try:
+        yield
+    finally:
+        enable(before)
+
+
+def table() -> dict[tuple, dict]:
+    """{(target, kernel, width, dtype, causal, bucket): chosen config row} for every key tuned so far."""
+    return dict(_table)
+
+
+def forget() -> None:
+    _table.clear()
+
+
+def bucket(seq_q: int, seq_k: int) -> int | None:
+    """Coarse length class of a call: the first BUCKETS entry >= max(seq_q, seq_k), None beyond."""
+    longest = max(seq_q, seq_k)
+    return next((b for b in BUCKETS if longest <= b), None)
+
+
+def candidates(target: str, kernel: str, head_dim: int, dtype) -> list[dict]:
+    """configs.CANDIDATES rows of the narrowest class covering this head (empty: nothing to tune)."""
+    width = _launch.config_width(head_dim, dtype)
+    rows = configs.CANDIDATES.get(target, {}).get(kernel, [])
+    fits = sorted({r["max_block_d"] for r in rows if r["max_block_d"] >= width})
+    return [r for r in rows if fits and r["max_block_d"] == fits[0]]
+
+
+def _key(target, kernel, q, k, causal):
+    return (target, kernel, _launch.config_width(q.shape[3], q.dtype), jnp.dtype(q.dtype).name, bool(causal),
+            bucket(q.shape[1], k.shape[1]))
+
+
+def rows_for(run, target: str, q, k, causal: bool, scale: float, kernels: tuple[str, ...]) -> dict | None:
+    """{kernel: row} for these kernels, tuning missing keys first; None when autotuning is off."""
+    if not _enabled:
+        return None
+    rows = {}
+    for kernel in kernels:
+        key = _key(target, kernel, q, k, causal)
+        if key not in _table:
+            _table[key] = _tune(run, target, kernel, q, k, causal, scale, rows)
+        rows[kernel] = _table[key]
+    return rows
+
+
+def _timed(fn, *args, reps: int = 5) -> float:
+    jax.block_until_ready(fn(*args))  # compile and warm up
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        samples.append(time.perf_counter() - t0)
+    return float(np.median(samples))
+
+
+def _tune(run, target, kernel, q, k, causal, scale, chosen) -> dict:
+    """Time each candidate of one kernel (the others at their chosen or default rows); return the fastest."""
+    rows = candidates(target, kernel, q.shape[3], q.dtype)
+    if not rows:
+        return None
+    t_start = time.perf_counter()
+    with jax.ensure_compile_time_eval():  # run now, even while the caller is being traced
+        keys = jax.random.split(jax.random.key(0), 4)
+        qr, do = (jax.random.normal(kk, q.shape, q.dtype) for kk in keys[:2])
+        kr, vr = (jax.random.normal(kk, k.shape, k.dtype) for kk in keys[2:])
+        fwd = functools.partial(_launch.forward, run, target, causal=causal, scale=scale)
+        if kernel != "fwd":
+            out, lse = jax.jit(fwd)(qr, kr, vr)
+        best, best_time = None, float("inf")
+        for row in rows:
+            trial = {**{k_: v for k_, v in chosen.items() if v is not None}, kernel: row}
+            try:
+                if kernel == "fwd":
+                    t = _timed(jax.jit(functools.partial(fwd, rows=trial)), qr, kr, vr)
+                else:
+                    bwd = functools.partial(_launch.backward, run, target, causal=causal, scale=scale, rows=trial)
+                    t = _timed(jax.jit(bwd), qr, kr, vr, out, lse, do, jnp.zeros_like(lse))
+            except Exception as e:  # a candidate that does not fit this GPU (e.g. shared memory) is skipped
+                log.info("autotune: %s %s failed: %s", kernel, row, str(e).splitlines()[0][:200])
+                continue
+            log.info("autotune: %s %s: %.3f ms", kernel, row, t * 1e3)
+            if t < best_time:
+                best, best_time = row, t
+    if best is None:
+        raise RuntimeError(f"autotune: no candidate config of {kernel} ran for head_dim={q.shape[3]}, "
+                           f"dtype={q.dtype} on {target}")
+    log.info("autotune: %s head_dim=%d %s causal=%s bucket=%s -> %s (%.3f ms; %d candidates in %.1f s)",
+             kernel, q.shape[3], q.dtype, causal, bucket(q.shape[1], k.shape[1]), best, best_time * 1e3,
+             len(rows), time.perf_counter() - t_start)
+    return best

@@ -1,0 +1,67 @@
+"""Opt-in autotuning: it tunes once per coarse key, picks among the candidates, and stays exact."""
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_flash_amd
+import oracle
+from helpers import KERNEL_IMPLS, assert_close, inputs, run
+from jax_flash_amd import autotune
+from jax_flash_amd.kernels import configs
+
+
+def test_buckets_are_coarse():
+    assert autotune.bucket(1, 1) == autotune.bucket(700, 1024) == 1024
+    assert autotune.bucket(1025, 10) == autotune.bucket(4000, 4096) == 4096
+    assert autotune.bucket(16384, 5) == 16384 and autotune.bucket(16385, 5) is None
+
+
+def test_candidates_are_few_and_cover_every_width():
+    for target, kernels in configs.CANDIDATES.items():
+        for kernel in ("fwd", "dkdv", "dq"):
+            for d in (16, 64, 128, 256):
+                for dtype in (jnp.float16, jnp.float32):
+                    rows = autotune.candidates(target, kernel, d, dtype)
+                    assert 1 <= len(rows) <= 8, (target, kernel, d, dtype)
+
+
+@pytest.fixture
+def tuning(monkeypatch):
+    """Autotuning on, an empty table, at most two candidates per kernel (each costs a Triton compile),
+    and a count of tunings."""
+    tuned = []
+    original = autotune._tune
+
+    def counting(run_, target, kernel, *args):
+        tuned.append(kernel)
+        return original(run_, target, kernel, *args)
+
+    monkeypatch.setattr(autotune, "_tune", counting)
+    small = {t: {k: [r for r in rows if r["max_block_d"] >= 128][-2:] + [r for r in rows if r["max_block_d"] < 128][:2]
+                 for k, rows in kernels.items()} for t, kernels in configs.CANDIDATES.items()}
+    monkeypatch.setattr(configs, "CANDIDATES", small)
+    autotune.forget()
+    with autotune.enabled():
+        yield tuned
+    autotune.forget()
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_tunes_once_per_bucket_and_stays_exact(impl, tuning):
+    for sq in (70, 45):  # same length bucket: the second call reuses the first call's choices
+        q, k, v, dout, dlse = inputs((1, sq, 2, 40), (1, sq + 3, 2, 40), jnp.float16, seed=sq)
+        got = run(impl, q, k, v, dout, dlse, causal=True)
+        base = run("xla", q, k, v, dout, dlse, causal=True)
+        assert_close(got, oracle.attention(q, k, v, dout, dlse, causal=True), base, jnp.float16)
+    assert sorted(tuning) == ["dkdv", "dq", "fwd"]
+    table = autotune.table()
+    assert len(table) == 3
+    for (target, kernel, *_), row in table.items():
+        assert row in configs.CANDIDATES[target][kernel]
+
+
+def test_off_by_default_and_context_restores():
+    assert not autotune.is_enabled()
+    with autotune.enabled():
+        assert autotune.is_enabled()
+    assert not autotune.is_enabled()
