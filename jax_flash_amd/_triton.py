@@ -9,14 +9,11 @@ import logging
 
 import jax
 
+from jax_flash_amd import _jax_triton_compat
 from jax_flash_amd._launch import Launch
 from jax_flash_amd.kernels import configs
 
 log = logging.getLogger(__name__)
-
-# What jax-triton 0.3.1 forwards to Triton's compiler. Others in a config row (HIP's waves_per_eu,
-# matrix_instr_nonkdim) would reach the kernel as unknown constexprs, so they are held back here.
-_FORWARDED_OPTIONS = ("num_warps", "num_stages")
 
 
 def on_gpu() -> bool:
@@ -48,16 +45,12 @@ def check_available() -> None:
     if isinstance(fwd.attn_fwd, InterpretedFunction):
         raise RuntimeError("implementation='triton' needs compiled kernels, but TRITON_INTERPRET=1 was "
                            "set when triton was imported; unset it.")
+    _jax_triton_compat.check_supported()
     try:
         import jax_triton  # noqa: F401
     except ImportError as e:
-        raise RuntimeError("implementation='triton' needs jax-triton: pip install 'jax-triton>=0.3.1'") from e
+        raise RuntimeError(f"implementation='triton' could not import jax-triton: {e}") from e
 
 
 def run(launch: Launch) -> tuple:
-    import jax_triton
-
-    options = {k: v for k, v in launch.compile_options.items() if k in _FORWARDED_OPTIONS}
-    outs = jax_triton.triton_call(*launch.args, kernel=launch.kernel, out_shape=launch.out_shapes,
-                                  grid=launch.grid, **options, **launch.constexprs)
-    return tuple(outs)
+    return _jax_triton_compat.triton_call(launch)

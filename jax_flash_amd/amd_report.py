@@ -5,7 +5,9 @@ on the CPU with Triton's own HIP (and CUDA) backends: no GPU, no ROCm needed.
                                        [--dtypes float16,bfloat16] [--check] [--jobs N]
 
 The launches (kernel, constexprs, compile options) are recorded from the same code that runs them on a
-GPU (``_launch.forward`` / ``_launch.backward``), so the numbers describe what users run. ``--check`` exits
+GPU (``_launch.forward`` / ``_launch.backward``), and the options are those the installed jax-triton
+passes to Triton (all of a config row with jax-triton >= 0.4 or none installed; only num_warps and
+num_stages with 0.3.x), so the numbers describe what users run. ``--check`` exits
 non-zero when a default config spills, needs more LDS / shared memory than the arch has, or gives the
 forward at head_dim <= 128 on gfx942 (MI300) fewer than 2 waves per SIMD.
 Run it without TRITON_INTERPRET: it compiles the kernels, it does not interpret them.
@@ -26,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash_amd import _launch
+from jax_flash_amd import _jax_triton_compat, _launch
 
 AMD_ARCHS = ("gfx90a", "gfx942", "gfx950")
 # Bytes of LDS per workgroup (AMD: per CU) and shared memory per block (sm90, opt-in maximum).
@@ -141,7 +143,7 @@ def compile_row(arch: str, head_dim: int, dtype: str, causal: bool, kernel: str)
     from triton.backends.compiler import GPUTarget
 
     launch = dict(record_launches(_target(arch), head_dim, dtype, causal))[kernel]
-    options = dict(launch.compile_options)
+    options = _jax_triton_compat.compiler_options(launch.compile_options)  # what the runtime passes
     shown = {k: v for k, v in launch.constexprs.items() if k.startswith("BLOCK_") and k != "BLOCK_D"}
     row = Row(arch, kernel, head_dim, dtype, causal, config=" ".join(f"{k}={v}" for k, v in {**shown, **options}.items()))
     target = GPUTarget("cuda", 90, 32) if arch == "sm90" else GPUTarget("hip", arch, 64)
@@ -199,6 +201,9 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"--arch: unknown {unknown}; expected some of {list(LOCAL_MEMORY)}")
     rows = report(archs, [int(d) for d in args.head_dims.split(",")], args.dtypes.split(","), args.jobs)
+    jt = _jax_triton_compat.versions()["jax-triton"]
+    print(f"compile options as jax-triton {'.'.join(map(str, jt)) if jt else '>= 0.4 (not installed here)'} "
+          f"passes them; triton {'.'.join(map(str, _jax_triton_compat.versions()['triton']))}\n")
     print(format_table(rows))
     bad = [r for r in rows if r.problems()]
     if args.check:

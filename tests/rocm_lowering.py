@@ -1,0 +1,113 @@
+"""Drive jax-triton's real ROCm lowering of every kernel on a CPU (run by test_rocm_lowering.py in a
+Python 3.12 env with jax-rocm7-plugin, jax-triton 0.4.x and triton >= 3.7).
+
+    python tests/rocm_lowering.py gfx90a,gfx942,gfx950 [--no-workaround]   -> one JSON line per kernel
+
+`jax.export(..., platforms=["rocm"])` of the library's own forward+backward (implementation="triton",
+through _triton.run and the jax-triton compat layer) compiles each kernel with jax-triton's ROCm path
+down to an hsaco. Only what needs an AMD GPU is stood in for: the device-arch query (pinned to the
+arch under test) and the HIP runtime objects that would load the hsaco (libamdhip64 is absent).
+"""
+import json
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+import triton.backends.amd.compiler as hip
+from jax_triton import triton_lib
+
+from jax_flash_amd import _launch, _triton
+from jax_flash_amd._vjp import Options, flash_attention
+
+compiled = []  # one dict per kernel compile
+
+
+class _RuntimeStandIn:
+    """Accepts what the HIP runtime's kernel / parameter / call objects accept."""
+
+    def __init__(self, *args, **kwargs):
+        self.args = args
+
+    def to_proto(self, *args):
+        return b"stand-in"
+
+
+def _install_stand_ins(arch_details):
+    lib = triton_lib.triton_kernel_call_lib
+    lib.get_arch_details = lambda device: arch_details
+    lib.TritonKernel = lib.TritonKernelCall = _RuntimeStandIn
+    lib.create_array_parameter = lib.create_scalar_parameter = _RuntimeStandIn
+
+    make_amdgcn = hip.HIPBackend.make_amdgcn
+    last_amdgcn = []
+
+    def recording_make_amdgcn(src, metadata, options):
+        out = make_amdgcn(src, metadata, options)
+        last_amdgcn.append((out, options))
+        return out
+
+    hip.HIPBackend.make_amdgcn = staticmethod(recording_make_amdgcn)
+    compile_hsaco = triton_lib.compile_ttir_to_hsaco_inplace
+
+    def recording_compile(ttir, backend, options):
+        result = compile_hsaco(ttir, backend, options)
+        amdgcn, opts = last_amdgcn.pop()
+        with open(result.binary, "rb") as f:
+            hsaco = f.read()
+        occupancy = re.search(r"^; Occupancy: (\d+)", amdgcn, re.M)
+        scratch = re.search(r"^; ScratchSize: (\d+)", amdgcn, re.M)
+        compiled.append(dict(
+            kernel=result.name, arch=opts.arch, hsaco_bytes=len(hsaco), is_elf=hsaco[:4] == b"\x7fELF",
+            target_in_amdgcn=re.search(rf'amdgcn_target "[^"]*{opts.arch}"', amdgcn) is not None,
+            num_warps=opts.num_warps, waves_per_eu=opts.waves_per_eu,
+            matrix_instr_nonkdim=opts.matrix_instr_nonkdim,
+            waves_attr=re.findall(r'"amdgpu-waves-per-eu"="([\d,]+)"', result.llir),
+            mfma_shapes=sorted(set(re.findall(r"mfma\.f32\.(\d+x\d+)x", result.llir))),  # e.g. "16x16"
+            occupancy=int(occupancy.group(1)) if occupancy else None,
+            scratch=int(scratch.group(1)) if scratch else None,
+        ))
+        return result
+
+    triton_lib.compile_ttir_to_hsaco_inplace = recording_compile
+
+
+def export_forward_backward(arch: str, head_dim: int, dtype, causal: bool):
+    _triton.target = lambda: arch  # the arch a ROCm device would report
+    opts = Options(causal=causal, softmax_scale=head_dim ** -0.5, implementation="triton")
+
+    def fwd_bwd(q, k, v, dout, dlse):
+        (out, lse), vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, opts), q, k, v)
+        return out, lse, vjp((dout, dlse))
+
+    x = jax.ShapeDtypeStruct((2, 300, 4, head_dim), dtype)
+    lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
+    # jax-triton's custom call has no export stability guarantee; that is irrelevant to lowering it
+    unchecked = [jax.export.DisabledSafetyCheck.custom_call(triton_lib.CUSTOM_CALL_TARGET_NAME)]
+    exported = jax.export.export(jax.jit(fwd_bwd), platforms=["rocm"], disabled_checks=unchecked)(x, x, x, x, lse)
+    return exported.mlir_module().count("triton_kernel_call")
+
+
+def main():
+    archs = sys.argv[1].split(",")
+    if "--no-workaround" in sys.argv:  # shows whether jax-triton still needs the compat layer's shim
+        from jax_flash_amd import _jax_triton_compat
+        _jax_triton_compat.apply_workarounds = lambda: None
+    _install_stand_ins("unset")
+    for arch in archs:
+        triton_lib.triton_kernel_call_lib.get_arch_details = lambda device, a=arch: f"{a}:sramecc+:xnack-"
+        for head_dim, dtype, causal in ((128, jnp.bfloat16, True), (64, jnp.float16, False)):
+            start = len(compiled)
+            calls = export_forward_backward(arch, head_dim, dtype, causal)
+            for row in compiled[start:]:
+                kernel = row["kernel"]
+                name = {"attn_fwd": "fwd", "attn_bwd_preprocess": "preprocess", "attn_bwd_dkdv": "dkdv",
+                        "attn_bwd_dq": "dq"}[kernel]
+                _, options = _launch.pick_config(arch, name, head_dim, dtype)
+                row.update(head_dim=head_dim, dtype=jnp.dtype(dtype).name, causal=causal, custom_calls=calls,
+                           expected=options)
+                print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

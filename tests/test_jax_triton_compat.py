@@ -1,0 +1,87 @@
+"""The jax-triton compat layer's version logic (no GPU): what reaches Triton, what is refused, when the
+shim applies. The real ROCm lowering with jax-triton 0.4.1 is test_rocm_lowering.py; jax-triton 0.3.1
+runs in the H200 GPU suite."""
+import logging
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from jax_flash_amd import _jax_triton_compat as compat
+from jax_flash_amd._launch import Launch
+
+HIP_ROW = dict(num_warps=8, num_stages=1, waves_per_eu=2, matrix_instr_nonkdim=16)
+
+
+def _versions(monkeypatch, jax_triton, triton=(3, 9, 0), jax=(0, 11, 2)):
+    monkeypatch.setattr(compat, "versions", lambda: {"jax-triton": jax_triton, "triton": triton, "jax": jax})
+
+
+def test_compiler_options_by_version():
+    assert compat.compiler_options(HIP_ROW, (0, 3, 1)) == dict(num_warps=8, num_stages=1)
+    assert compat.compiler_options(HIP_ROW, (0, 4, 1)) == HIP_ROW
+
+
+@pytest.mark.parametrize("jt,tr,jx,match", [
+    (None, (3, 6, 0), (0, 11, 2), "needs jax-triton"),
+    ((0, 4, 1), (3, 6, 0), (0, 11, 2), "needs triton >= 3.7"),
+    ((0, 4, 1), (3, 9, 0), (0, 12, 0), "does not work with jax 0.12"),
+])
+def test_known_broken_pairs_are_refused(monkeypatch, jt, tr, jx, match):
+    _versions(monkeypatch, jt, tr, jx)
+    with pytest.raises(RuntimeError, match=match):
+        compat.check_supported()
+
+
+@pytest.mark.parametrize("jt,tr", [((0, 3, 1), (3, 6, 0)), ((0, 4, 1), (3, 9, 0))])
+def test_supported_pairs_pass(monkeypatch, jt, tr):
+    _versions(monkeypatch, jt, tr)
+    compat.check_supported()
+
+
+def _fake_jax_triton(monkeypatch):
+    calls = []
+
+    def triton_call(*args, **kwargs):
+        calls.append(kwargs)
+        return (np.zeros(1),)
+
+    monkeypatch.setitem(sys.modules, "jax_triton", types.SimpleNamespace(triton_call=triton_call))
+    return calls
+
+
+LAUNCH = Launch(kernel=None, grid=(1, 1), args=(), out_shapes=(), constexprs=dict(BLOCK_M=64),
+                compile_options=HIP_ROW)
+
+
+def test_new_jax_triton_gets_backend_options(monkeypatch):
+    _versions(monkeypatch, (0, 4, 1))
+    calls = _fake_jax_triton(monkeypatch)
+    compat.triton_call(LAUNCH)
+    assert calls[0]["backend_options"] == dict(waves_per_eu=2, matrix_instr_nonkdim=16)
+    assert calls[0]["num_warps"] == 8 and calls[0]["BLOCK_M"] == 64 and "waves_per_eu" not in calls[0]
+
+
+def test_old_jax_triton_drops_amd_options_and_warns_once(monkeypatch, caplog):
+    _versions(monkeypatch, (0, 3, 1), (3, 6, 0))
+    calls = _fake_jax_triton(monkeypatch)
+    compat._warn_dropped.cache_clear()
+    with caplog.at_level(logging.WARNING, logger=compat.__name__):
+        compat.triton_call(LAUNCH)
+        compat.triton_call(LAUNCH)
+    assert "backend_options" not in calls[0] and "waves_per_eu" not in calls[0] and calls[0]["num_warps"] == 8
+    warnings = [r for r in caplog.records if "cannot pass" in r.getMessage()]
+    assert len(warnings) == 1 and "jax-triton>=0.4.1" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("jt,tr,patched", [((0, 4, 1), (3, 9, 0), True), ((0, 4, 1), (3, 6, 0), False),
+                                          ((0, 3, 1), (3, 9, 0), False), ((0, 5, 0), (3, 9, 0), False)])
+def test_num_ctas_shim_applies_only_where_needed(monkeypatch, jt, tr, patched):
+    import triton.backends.amd.compiler as hip
+
+    _versions(monkeypatch, jt, tr)
+    original = hip.HIPBackend.__dict__["make_llir"]
+    monkeypatch.setattr(hip.HIPBackend, "make_llir", original)  # restored after the test
+    compat.apply_workarounds.__wrapped__()
+    assert (hip.HIPBackend.__dict__["make_llir"] is not original) == patched
