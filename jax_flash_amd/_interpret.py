@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 
 import jax
 import numpy as np
@@ -11,6 +12,9 @@ import numpy as np
 from jax_flash_amd._launch import Launch
 
 TARGET = "interpret"
+# Triton's interpreter keeps global state (the grid being run, its builder): one kernel at a time, even
+# when several CPU devices of a sharded computation call back concurrently.
+_LOCK = threading.Lock()
 
 
 def check_available() -> None:
@@ -91,7 +95,8 @@ def _call_on_host(launch: Launch, array_positions, *arrays):
     args = [float(a) if isinstance(a, np.floating) else a for a in args]
     # NaN-poisoned outputs: an element the kernel fails to write shows up in tests
     outs = [_to_torch(np.full(s.shape, np.nan, s.dtype)) for s in launch.out_shapes]
-    launch.kernel[launch.grid](*args, *outs, **launch.constexprs)
+    with _LOCK:
+        launch.kernel[launch.grid](*args, *outs, **launch.constexprs)
     return tuple(_to_numpy(o, s.dtype) for o, s in zip(outs, launch.out_shapes))
 
 

@@ -1,4 +1,5 @@
-"""custom_vjp wiring: residuals are only (q, k, v, out, lse); the backward is Triton too."""
+"""custom_vjp wiring: residuals are only (q, k, v, out, lse); the backward is Triton too. Both kernel
+calls carry vmap and sharding rules (_spmd)."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,7 +7,7 @@ import functools
 
 import jax
 
-from jax_flash_amd import _launch, autotune
+from jax_flash_amd import _launch, _spmd, autotune
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,30 +26,42 @@ def _backend(opts: Options):
     return _interpret.run, _interpret.TARGET
 
 
-def _forward(q, k, v, opts: Options):
+def _forward(opts: Options, q, k, v):
     run, target = _backend(opts)
     rows = autotune.rows_for(run, target, q, k, opts.causal, opts.softmax_scale, ("fwd",))
     return _launch.forward(run, target, q, k, v, causal=opts.causal, scale=opts.softmax_scale, rows=rows)
 
 
+def _backward(opts: Options, q, k, v, out, lse, dout, dlse):
+    run, target = _backend(opts)
+    rows = autotune.rows_for(run, target, q, k, opts.causal, opts.softmax_scale, ("dkdv", "dq"))
+    return _launch.backward(run, target, q, k, v, out, lse, dout, dlse, causal=opts.causal,
+                            scale=opts.softmax_scale, rows=rows)
+
+
+@functools.cache
+def _kernel_calls(opts: Options):
+    """(forward, backward) kernel calls of these options, with their vmap and sharding rules."""
+    partition = opts.implementation != "interpret"  # host callbacks cannot be partitioned (see _spmd)
+    return (_spmd.wrap(functools.partial(_forward, opts), _spmd.FWD_RULE, partition),
+            _spmd.wrap(functools.partial(_backward, opts), _spmd.BWD_RULE, partition))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def flash_attention(q, k, v, opts: Options):
     """(out, lse) through the Triton kernels; differentiable in q, k, v (also through lse)."""
-    return _forward(q, k, v, opts)
+    return _kernel_calls(opts)[0](q, k, v)
 
 
 def _fwd_rule(q, k, v, opts: Options):
-    out, lse = _forward(q, k, v, opts)
+    out, lse = _kernel_calls(opts)[0](q, k, v)
     return (out, lse), (q, k, v, out, lse)
 
 
 def _bwd_rule(opts: Options, residuals, cotangents):
     q, k, v, out, lse = residuals
     dout, dlse = cotangents
-    run, target = _backend(opts)
-    rows = autotune.rows_for(run, target, q, k, opts.causal, opts.softmax_scale, ("dkdv", "dq"))
-    return _launch.backward(run, target, q, k, v, out, lse, dout.astype(out.dtype), dlse,
-                            causal=opts.causal, scale=opts.softmax_scale, rows=rows)
+    return _kernel_calls(opts)[1](q, k, v, out, lse, dout.astype(out.dtype), dlse)
 
 
 flash_attention.defvjp(_fwd_rule, _bwd_rule)

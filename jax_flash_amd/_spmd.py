@@ -1,0 +1,94 @@
+"""How the kernel calls compose with jax.vmap and with sharding (jit + NamedSharding, shard_map).
+
+jax-triton's custom call has neither a batching rule nor a partitioning rule: vmapped, it would fail;
+sharded, XLA would gather every operand onto every device. Both kernel calls (forward: q, k, v ->
+out, lse; backward: q, k, v, out, lse, dout, dlse -> dq, dk, dv) are therefore wrapped here:
+- custom_vmap: mapped axes are folded into the batch axis (unmapped operands are broadcast first), so a
+  vmap runs one launch, not a loop;
+- custom_partitioning: batch and heads are independent, so each device runs the kernel on its own
+  (batch, heads) shard with no communication. The sequence and head_dim axes must be whole on a
+  device: if they are sharded they are gathered first (correct, not scalable; warned once).
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding, PartitionSpec
+
+# Shardy rules: b batch, s query positions, t key positions, h heads, d head_dim.
+FWD_RULE = "b s h d, b t h d, b t h d -> b s h d, b h s"  # q, k, v -> out, lse
+BWD_RULE = "b s h d, b t h d, b t h d, b s h d, b h s, b s h d, b h s -> b s h d, b t h d, b t h d"
+_WHOLE = ("s", "d", "t")  # factors a device must hold entirely (in order of first use: Shardy wants it)
+
+
+def wrap(fn, rule: str, partition: bool = True):
+    """fn(*arrays) -> tuple of arrays, with the vmap and (if partition) sharding rules above. Every
+    array's axis 0 is the batch; (batch, seq, heads, head_dim) arrays have heads at axis 2, (batch,
+    heads, seq) at 1. partition=False for host-callback bodies (the interpreter): JAX frees callbacks
+    lowered inside a custom_partitioning rule too early (jax-ml/jax#23620, a crash), so those run
+    unpartitioned (XLA gathers their operands)."""
+    if partition:
+        partitioned = custom_partitioning(fn)
+        partitioned.def_partition(
+            partition=functools.partial(_partition, fn),
+            infer_sharding_from_operands=_infer,
+            sharding_rule=rule,
+            need_replication_factors=_WHOLE,
+        )
+    else:
+        partitioned = fn
+
+    @jax.custom_batching.custom_vmap
+    def batched(*arrays):
+        return partitioned(*arrays)
+
+    @batched.def_vmap
+    def _fold(axis_size, in_batched, *arrays):
+        arrays = [x if mapped else jnp.broadcast_to(x, (axis_size, *x.shape))
+                  for x, mapped in zip(arrays, in_batched)]
+        outs = batched(*[x.reshape(axis_size * x.shape[1], *x.shape[2:]) for x in arrays])
+        return tuple(o.reshape(axis_size, -1, *o.shape[1:]) for o in outs), tuple(True for _ in outs)
+
+    return batched
+
+
+def _spec_of(shape) -> tuple:
+    spec = tuple(shape.sharding.spec) if isinstance(shape.sharding, NamedSharding) else ()
+    return spec + (None,) * (len(shape.shape) - len(spec))
+
+
+def _batch_heads(mesh, arg_shapes):
+    """(batch axes, heads axes) of q's sharding; warns once if its sequence or head_dim is sharded."""
+    spec = _spec_of(arg_shapes[0])
+    if spec[1] is not None or spec[3] is not None:
+        _warn_gather(str(spec))
+    return spec[0], spec[2]
+
+
+@functools.cache
+def _warn_gather(spec: str) -> None:
+    warnings.warn(f"jax_flash_amd.attention: q is sharded along its sequence or head_dim axis ({spec}); "
+                  "those axes are gathered onto every device first (correct, but not scalable). Shard "
+                  "over batch and heads instead.", stacklevel=3)
+
+
+def _sharding(mesh, shape, batch, heads) -> NamedSharding:
+    if len(shape.shape) == 4:  # (batch, seq, heads, head_dim)
+        return NamedSharding(mesh, PartitionSpec(batch, None, heads, None))
+    return NamedSharding(mesh, PartitionSpec(batch, heads, None))  # (batch, heads, seq)
+
+
+def _infer(mesh, arg_shapes, result_shape):
+    batch, heads = _batch_heads(mesh, arg_shapes)
+    return tuple(_sharding(mesh, r, batch, heads) for r in result_shape)
+
+
+def _partition(fn, mesh, arg_shapes, result_shape):
+    batch, heads = _batch_heads(mesh, arg_shapes)
+    args = tuple(_sharding(mesh, a, batch, heads) for a in arg_shapes)
+    results = tuple(_sharding(mesh, r, batch, heads) for r in result_shape)
+    return mesh, fn, results, args

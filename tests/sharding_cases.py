@@ -1,0 +1,132 @@
+"""Sharding cases, run by test_sharding.py in a process with 8 CPU devices (XLA_FLAGS must be set before
+jax starts, hence a process of their own).
+
+The partitioning rules of _spmd are checked with a pure-JAX stand-in for the kernels (the reference
+forward and its vjp): the Triton interpreter, which runs the kernels on a CPU, is a host callback, and
+JAX crashes on callbacks lowered inside a custom_partitioning rule (jax-ml/jax#23620), so the
+interpreter path is left unpartitioned; it is checked for correct results under sharding and inside
+shard_map. The compiled kernels take the partitioned path on GPUs (the GPU suite, 2 GPUs)."""
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import jax_flash_amd
+from jax_flash_amd import _spmd, reference
+
+COLLECTIVES = r"all-gather|all-to-all|collective-permute|all-reduce|reduce-scatter"
+B, S, T, H, D = 8, 40, 24, 8, 32
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    assert jax.device_count() >= 8, "run through test_sharding.py (8 host devices)"
+    return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+
+
+def _inputs(dtype=jnp.float32):
+    ks = jax.random.split(jax.random.key(0), 5)
+    q = jax.random.normal(ks[0], (B, S, H, D), dtype)
+    k, v = (jax.random.normal(kk, (B, T, H, D), dtype) for kk in ks[1:3])
+    dout = jax.random.normal(ks[3], (B, S, H, D), dtype)
+    dlse = jax.random.normal(ks[4], (B, H, S), jnp.float32)
+    return q, k, v, dout, dlse
+
+
+PARTITION_CALLS = []
+
+
+def _stand_in_kernels():
+    """(fwd, bwd) in pure JAX and the same wrapped by _spmd; the wrapped ones count how often _spmd's
+    partition rule runs (XLA could shard the pure-JAX bodies by itself: the count shows ours did)."""
+    scale = D ** -0.5
+
+    def fwd(q, k, v):
+        return tuple(reference.attention(q, k, v, causal=True, softmax_scale=scale))
+
+    def bwd(q, k, v, out, lse, dout, dlse):
+        return tuple(jax.vjp(fwd, q, k, v)[1]((dout, dlse)))
+
+    partition = _spmd._partition
+    _spmd._partition = lambda *a: PARTITION_CALLS.append(a[0]) or partition(*a)
+    try:
+        return fwd, bwd, _spmd.wrap(fwd, _spmd.FWD_RULE), _spmd.wrap(bwd, _spmd.BWD_RULE)
+    finally:
+        _spmd._partition = partition
+
+
+SPECS = [P("data", None, "model", None), P(("data", "model"), None, None, None), P(None, None, ("data", "model"), None)]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["batch+heads", "batch", "heads"])
+def test_batch_and_head_sharding_run_without_collectives(mesh, spec):
+    fwd, bwd, fwd_sharded, bwd_sharded = _stand_in_kernels()
+    q, k, v, dout, dlse = _inputs()
+    sh = NamedSharding(mesh, spec)
+    rows = NamedSharding(mesh, P(spec[0], spec[2], None))  # (batch, heads, seq)
+    args = [jax.device_put(x, sh) for x in (q, k, v)]
+    f = jax.jit(fwd_sharded)
+    PARTITION_CALLS.clear()
+    out, lse = f(*args)
+    assert PARTITION_CALLS == [fwd], "the forward was not partitioned by _spmd's rule"
+    assert out.sharding.is_equivalent_to(sh, 4) and lse.sharding.is_equivalent_to(rows, 3)
+    for got, want in zip((out, lse), fwd(q, k, v)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+    assert not re.findall(COLLECTIVES, f.lower(*args).compile().as_text())
+
+    bargs = args + [out, lse, jax.device_put(dout, sh), jax.device_put(dlse, rows)]
+    g = jax.jit(bwd_sharded)
+    grads = g(*bargs)
+    assert PARTITION_CALLS[-1] is bwd
+    for got, want in zip(grads, bwd(q, k, v, *fwd(q, k, v), dout, dlse)):
+        assert got.sharding.is_equivalent_to(sh, 4)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4, rtol=1e-4)
+    assert not re.findall(COLLECTIVES, g.lower(*bargs).compile().as_text())
+
+
+def test_sequence_sharding_is_gathered_with_a_warning(mesh):
+    fwd, _, fwd_sharded, _ = _stand_in_kernels()
+    q, k, v, _, _ = _inputs()
+    sh = NamedSharding(mesh, P("data", "model", None, None))
+    _spmd._warn_gather.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out, _ = jax.jit(fwd_sharded)(*[jax.device_put(x, sh) for x in (q, k, v)])
+    assert any("gathered" in str(w.message) for w in caught)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(fwd(q, k, v)[0]), atol=1e-5, rtol=1e-5)
+
+
+def test_stand_in_inside_shard_map(mesh):
+    fwd, _, fwd_sharded, _ = _stand_in_kernels()
+    q, k, v, _, _ = _inputs()
+    spec = P("data", None, "model", None)
+    f = jax.jit(jax.shard_map(lambda q, k, v: fwd_sharded(q, k, v)[0], mesh=mesh, in_specs=spec, out_specs=spec))
+    np.testing.assert_allclose(np.asarray(f(q, k, v)), np.asarray(fwd(q, k, v)[0]), atol=1e-5, rtol=1e-5)
+
+
+def _interpret_loss(q, k, v, dout):
+    return jnp.sum(jax_flash_amd.attention(q, k, v, causal=True, implementation="interpret").astype(jnp.float32)
+                   * dout.astype(jnp.float32))
+
+
+def test_interpreter_under_sharding_and_shard_map(mesh):
+    q, k, v, dout, _ = (x[:2, :, :4] if x.ndim == 4 else x for x in _inputs(jnp.float16))
+    want = jax.value_and_grad(_interpret_loss, argnums=(0, 1, 2))(q, k, v, dout)
+    sh = NamedSharding(mesh, P("data", None, "model", None))
+    args = [jax.device_put(x, sh) for x in (q, k, v, dout)]
+    got = jax.jit(jax.value_and_grad(_interpret_loss, argnums=(0, 1, 2)))(*args)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=2e-3, rtol=2e-3)
+
+    spec = P("data", None, "model", None)
+    f = jax.jit(jax.shard_map(lambda q, k, v: jax_flash_amd.attention(q, k, v, causal=True, implementation="interpret"),
+                              mesh=mesh, in_specs=spec, out_specs=spec))
+    out = f(*args[:3])
+    assert out.sharding.is_equivalent_to(sh, 4)
+    np.testing.assert_allclose(np.asarray(out, np.float32),
+                               np.asarray(jax_flash_amd.attention(q, k, v, causal=True, implementation="interpret"),
+                                          np.float32), atol=1e-3)

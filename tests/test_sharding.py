@@ -1,0 +1,21 @@
+"""Runs sharding_cases.py in a process of its own with 8 CPU devices (XLA_FLAGS must be set before jax
+initialises, which in this process it already has)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ON_GPU
+
+
+@pytest.mark.skipif(ON_GPU, reason="host-device sharding cases run on CPU machines")
+def test_sharding_cases_on_8_host_devices():
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+               TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           os.path.join(here, "sharding_cases.py")], env=env, cwd=here,
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
