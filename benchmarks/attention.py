@@ -27,7 +27,8 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from jax_flash_amd.timing import median_seconds
 
 TOKENS, HIDDEN = 16384, 2048
 IMPLS = ("jax_flash_amd", "xla", "cudnn", "pallas_triton")
@@ -67,23 +68,6 @@ def fwd_flops(s: dict) -> float:
     return 4.0 * s["B"] * s["H"] * s["N"] * s["N"] * s["D"] / (2 if s["causal"] else 1)
 
 
-def median_time(fn, *args, budget_s: float = 0.25, reps: int = 5) -> float:
-    """Median seconds per call after two warm-up calls; enough calls per sample to fill budget_s."""
-    jax.block_until_ready(fn(*args))
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    one = max(time.perf_counter() - t0, 1e-6)
-    n = max(1, min(100, int(budget_s / reps / one)))
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - t0) / n)
-    return float(np.median(samples))
-
-
 def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 
@@ -110,8 +94,8 @@ def measure(name: str, fn, s: dict, inputs, ref) -> dict:
         out = f(q, k, v)
         row["max_err"] = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref))) if ref is not None else None
         del out
-        t_f = median_time(f, q, k, v)
-        t_fb = median_time(g, q, k, v, do)
+        t_f = median_seconds(f, q, k, v, budget_s=0.25)
+        t_fb = median_seconds(g, q, k, v, do, budget_s=0.25)
         row.update(fwd_ms=round(t_f * 1e3, 4), fwdbwd_ms=round(t_fb * 1e3, 4),
                    fwd_tflops=_sig(fl / t_f / 1e12), fwdbwd_tflops=_sig(3.5 * fl / t_fb / 1e12),
                    bwd_tflops=_sig(2.5 * fl / (t_fb - t_f) / 1e12) if t_fb > t_f else None)

@@ -9,7 +9,6 @@ kernels in Triton's interpreter on a small problem and checks them against the p
 """
 import argparse
 import os
-import time
 
 import jax
 
@@ -21,16 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jax_flash_amd  # noqa: E402
-
-
-def timed(f, *args, reps=10):
-    jax.block_until_ready(f(*args))  # compile and warm up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+from jax_flash_amd.timing import median_seconds  # noqa: E402
 
 
 def main():
@@ -71,7 +61,7 @@ def main():
             fwd = jax.jit(attn)
             grad = jax.jit(jax.grad(loss(attn), argnums=(0, 1, 2)))
             results[name] = (fwd(q, k, v), *grad(q, k, v))
-            t_f, t_fb = timed(fwd, q, k, v), timed(grad, q, k, v)
+            t_f, t_fb = median_seconds(fwd, q, k, v, reps=10), median_seconds(grad, q, k, v, reps=10)
         except Exception as e:  # noqa: BLE001 - a peer may be unavailable here (e.g. cuDNN on ROCm)
             print(f"{name:18s} unavailable: {str(e).splitlines()[0][:80]}")
             continue

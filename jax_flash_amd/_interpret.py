@@ -87,8 +87,6 @@ def _to_numpy(t, dtype) -> np.ndarray:
 
 
 def _call_on_host(launch: Launch, array_positions, *arrays):
-    import torch
-
     args = list(launch.args)
     for pos, a in zip(array_positions, arrays):
         args[pos] = _to_torch(a)

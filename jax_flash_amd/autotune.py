@@ -24,9 +24,9 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jax_flash_amd import _launch
+from jax_flash_amd.timing import median_seconds
 from jax_flash_amd.kernels import configs
 
 log = logging.getLogger(__name__)
@@ -98,16 +98,6 @@ def rows_for(run, target: str, q, k, causal: bool, scale: float, kernels: tuple[
     return rows
 
 
-def _timed(fn, *args, reps: int = 5) -> float:
-    jax.block_until_ready(fn(*args))  # compile and warm up
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        samples.append(time.perf_counter() - t0)
-    return float(np.median(samples))
-
-
 def _tune(run, target, kernel, q, k, causal, scale, chosen) -> dict:
     """Time each candidate of one kernel (the others at their chosen or default rows); return the fastest."""
     rows = candidates(target, kernel, q.shape[3], q.dtype)
@@ -126,10 +116,10 @@ def _tune(run, target, kernel, q, k, causal, scale, chosen) -> dict:
             trial = {**{k_: v for k_, v in chosen.items() if v is not None}, kernel: row}
             try:
                 if kernel == "fwd":
-                    t = _timed(jax.jit(functools.partial(fwd, rows=trial)), qr, kr, vr)
+                    t = median_seconds(jax.jit(functools.partial(fwd, rows=trial)), qr, kr, vr)
                 else:
                     bwd = functools.partial(_launch.backward, run, target, causal=causal, scale=scale, rows=trial)
-                    t = _timed(jax.jit(bwd), qr, kr, vr, out, lse, do, jnp.zeros_like(lse))
+                    t = median_seconds(jax.jit(bwd), qr, kr, vr, out, lse, do, jnp.zeros_like(lse))
             except Exception as e:  # a candidate that does not fit this GPU (e.g. shared memory) is skipped
                 log.info("autotune: %s %s failed: %s", kernel, row, str(e).splitlines()[0][:200])
                 continue

@@ -1,9 +1,7 @@
 """Opt-in autotuning: it tunes once per coarse key, picks among the candidates, and stays exact."""
-import jax
 import jax.numpy as jnp
 import pytest
 
-import jax_flash_amd
 import oracle
 from helpers import KERNEL_IMPLS, assert_close, inputs, run
 from jax_flash_amd import autotune
