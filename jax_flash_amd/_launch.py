@@ -58,7 +58,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _common(q, k, causal: bool) -> dict[str, Any]:
-    return dict(H=q.shape[2], HEAD_DIM=q.shape[3], BLOCK_D=block_d(q.shape[3]), CAUSAL=bool(causal))
+    return dict(H=q.shape[2], KV_H=k.shape[2], HEAD_DIM=q.shape[3], BLOCK_D=block_d(q.shape[3]), CAUSAL=bool(causal))
 
 
 def forward(run: Run, target: str, q, k, v, *, causal: bool, scale: float, rows=None):
@@ -94,7 +94,7 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, *, causal: bo
     blocks, options = pick_config(target, "dkdv", d, q.dtype, rows)
     dk, dv = run(Launch(
         kernel=bwd.attn_bwd_dkdv,
-        grid=(_cdiv(sk, blocks["BLOCK_N"]), b * h),
+        grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2]),  # one program per key/value head
         args=(q, k, v, dout, lse, delta, np.float32(scale), sq, sk),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         constexprs={**common, **blocks},

@@ -19,25 +19,31 @@ import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
-# Shardy rules: b batch, s query positions, t key positions, h heads, d head_dim.
-FWD_RULE = "b s h d, b t h d, b t h d -> b s h d, b h s"  # q, k, v -> out, lse
-BWD_RULE = "b s h d, b t h d, b t h d, b s h d, b h s, b s h d, b h s -> b s h d, b t h d, b t h d"
+# Shardy rules: b batch, s query positions, t key positions, h key/value heads, g query heads per
+# key/value head (query heads are (h g): sharding them in contiguous chunks shards h), d head_dim.
+FWD_RULE = "b s (h g) d, b t h d, b t h d -> b s (h g) d, b (h g) s"  # q, k, v -> out, lse
+BWD_RULE = ("b s (h g) d, b t h d, b t h d, b s (h g) d, b (h g) s, b s (h g) d, b (h g) s"
+            " -> b s (h g) d, b t h d, b t h d")  # q, k, v, out, lse, dout, dlse -> dq, dk, dv
 _WHOLE = ("s", "d", "t")  # factors a device must hold entirely (in order of first use: Shardy wants it)
 
 
-def wrap(fn, rule: str, partition: bool = True):
+def wrap(fn, rule: str, group: int = 1, partition: bool = True):
     """fn(*arrays) -> tuple of arrays, with the vmap and (if partition) sharding rules above. Every
     array's axis 0 is the batch; (batch, seq, heads, head_dim) arrays have heads at axis 2, (batch,
-    heads, seq) at 1. partition=False for host-callback bodies (the interpreter): JAX frees callbacks
+    heads, seq) at 1; group: query heads per key/value head. partition=False for host-callback bodies (the interpreter): JAX frees callbacks
     lowered inside a custom_partitioning rule too early (jax-ml/jax#23620, a crash), so those run
     unpartitioned (XLA gathers their operands)."""
     if partition:
+        sizes = {"g": group} if group > 1 else {}
+        if group == 1:  # Shardy refuses a compound factor of size 1
+            rule = rule.replace("(h g)", "h")
         partitioned = custom_partitioning(fn)
         partitioned.def_partition(
             partition=functools.partial(_partition, fn),
             infer_sharding_from_operands=_infer,
             sharding_rule=rule,
             need_replication_factors=_WHOLE,
+            **sizes,
         )
     else:
         partitioned = fn

@@ -40,28 +40,33 @@ def _backward(opts: Options, q, k, v, out, lse, dout, dlse):
 
 
 @functools.cache
-def _kernel_calls(opts: Options):
-    """(forward, backward) kernel calls of these options, with their vmap and sharding rules."""
+def _kernel_calls(opts: Options, group: int):
+    """(forward, backward) kernel calls of these options and query heads per key/value head, with
+    their vmap and sharding rules."""
     partition = opts.implementation != "interpret"  # host callbacks cannot be partitioned (see _spmd)
-    return (_spmd.wrap(functools.partial(_forward, opts), _spmd.FWD_RULE, partition),
-            _spmd.wrap(functools.partial(_backward, opts), _spmd.BWD_RULE, partition))
+    return (_spmd.wrap(functools.partial(_forward, opts), _spmd.FWD_RULE, group, partition),
+            _spmd.wrap(functools.partial(_backward, opts), _spmd.BWD_RULE, group, partition))
+
+
+def _group(q, k) -> int:
+    return q.shape[2] // k.shape[2]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def flash_attention(q, k, v, opts: Options):
     """(out, lse) through the Triton kernels; differentiable in q, k, v (also through lse)."""
-    return _kernel_calls(opts)[0](q, k, v)
+    return _kernel_calls(opts, _group(q, k))[0](q, k, v)
 
 
 def _fwd_rule(q, k, v, opts: Options):
-    out, lse = _kernel_calls(opts)[0](q, k, v)
+    out, lse = _kernel_calls(opts, _group(q, k))[0](q, k, v)
     return (out, lse), (q, k, v, out, lse)
 
 
 def _bwd_rule(opts: Options, residuals, cotangents):
     q, k, v, out, lse = residuals
     dout, dlse = cotangents
-    return _kernel_calls(opts)[1](q, k, v, out, lse, dout.astype(out.dtype), dlse)
+    return _kernel_calls(opts, _group(q, k))[1](q, k, v, out, lse, dout.astype(out.dtype), dlse)
 
 
 flash_attention.defvjp(_fwd_rule, _bwd_rule)

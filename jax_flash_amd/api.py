@@ -21,8 +21,10 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     """Exact softmax attention, O(seq) memory, differentiable, as FlashAttention computes it.
 
     Args:
-      q: (batch, seq_q, heads, head_dim) float16, bfloat16 or float32.
-      k, v: (batch, seq_k, heads, head_dim), same dtype as q. Any seq_q, seq_k >= 0; head_dim 1..256.
+      q: (batch, seq_q, heads_q, head_dim) float16, bfloat16 or float32.
+      k, v: (batch, seq_k, heads_kv, head_dim), same dtype as q. Any seq_q, seq_k >= 0; head_dim 1..256.
+        heads_q a multiple of heads_kv: grouped-query (or multi-query, heads_kv = 1) attention, query
+        head h attends with key/value head h // (heads_q // heads_kv); K/V are never copied per head.
       causal: query i sees key j iff j <= i + seq_k - seq_q (bottom-right aligned, as FlashAttention).
         A query row that sees no key gets output 0, lse -inf and zero gradients.
       softmax_scale: logits are scale * q.k; default 1 / sqrt(head_dim). A static positive number.
@@ -79,9 +81,9 @@ def _check_arrays(q, k, v):
         raise ValueError(f"q and k must have the same head_dim; got q {q.shape[3]}, k {k.shape[3]}")
     if not 1 <= q.shape[3] <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim (last axis of q, k, v) must be in 1..{MAX_HEAD_DIM}; got {q.shape[3]}")
-    if q.shape[2] != k.shape[2]:
-        raise ValueError(f"q and k must have the same number of heads (grouped-query attention is not "
-                         f"supported yet); got q {q.shape[2]} heads, k {k.shape[2]}")
+    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
+        raise ValueError(f"the number of query heads must be a multiple of the number of key/value heads "
+                         f"(grouped-query attention); got q {q.shape[2]} heads, k and v {k.shape[2]}")
     return q, k, v
 
 

@@ -23,11 +23,15 @@ def visible(seq_q: int, seq_k: int, causal: bool) -> jax.Array:
 
 
 def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None):
-    """(out, lse) for q (B, Sq, H, D), k/v (B, Sk, H, D); lse (B, H, Sq) float32, natural log.
+    """(out, lse) for q (B, Sq, H, D), k/v (B, Sk, H_kv, D) with H a multiple of H_kv (grouped-query
+    attention: query head h uses key/value head h // (H // H_kv)); lse (B, H, Sq) float32, natural log.
 
     A query row that sees no key gives out = 0 and lse = -inf, with zero gradients.
     """
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    group = q.shape[2] // k.shape[2]
+    if group > 1:  # the O(N^2) reference may copy K/V per query head; the kernels do not
+        k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32, precision=_HIGHEST) * scale
     s = jnp.where(visible(q.shape[1], k.shape[1], causal), s, -jnp.inf)
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1))

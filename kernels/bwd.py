@@ -3,7 +3,9 @@
 No atomics: every output block is written by exactly one program, so gradients are deterministic.
 With p = exp(s - lse):  dV = P^T dO,  dS = P * (dO V^T - delta),  dQ = scale dS K,  dK = scale dS^T Q,
 where delta = rowsum(dO * O) - dLse (a cotangent on lse adds P * dLse to dS).
-Layouts as in fwd.py; Lse, dLse, Delta are (batch, H, seq_q) fp32.
+Layouts as in fwd.py; Lse, dLse, Delta are (batch, H, seq_q) fp32. Grouped-query attention: a dK/dV
+program owns one key/value head and sums over the H // KV_H query heads that read it (in a loop, so
+still no atomics).
 """
 import triton
 import triton.language as tl
@@ -18,7 +20,7 @@ def attn_bwd_preprocess(Out, dOut, dLse, seq_q, Delta,
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     STRIDE: tl.constexpr = H * HEAD_DIM
-    base = head_start(bh, seq_q, H, HEAD_DIM)
+    base = head_start(bh // H, bh % H, seq_q, H, HEAD_DIM)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     o = load_tile(Out + base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
@@ -61,44 +63,50 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, Lse, Delta, row0, lo, hi, offs_n,
 
 @triton.jit
 def attn_bwd_dkdv(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, dK, dV,
-                  H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
-    bh = tl.program_id(1)
+    bh = tl.program_id(1)  # batch * KV_H
+    b = bh // KV_H
+    h_kv = bh % KV_H
+    GROUP: tl.constexpr = H // KV_H
     STRIDE: tl.constexpr = H * HEAD_DIM
-    q_base = head_start(bh, seq_q, H, HEAD_DIM)
-    kv_base = head_start(bh, seq_k, H, HEAD_DIM)
-    row0 = bh.to(tl.int64) * seq_q
+    STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
+    kv_base = head_start(b, h_kv, seq_k, KV_H, HEAD_DIM)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     qk_scale = sm_scale * LOG2E
 
-    k = load_tile(K + kv_base, offs_n, offs_d, STRIDE, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BN, BD]
-    v = load_tile(V + kv_base, offs_n, offs_d, STRIDE, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BN, BD]
+    k = load_tile(K + kv_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BN, BD]
+    v = load_tile(V + kv_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BN, BD]
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
 
     begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
-    dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, begin, full_begin, offs_n,
-                         seq_q, seq_k, qk_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, True)
-    dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, full_begin, full_end, offs_n,
-                         seq_q, seq_k, qk_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, False)
-    dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, full_end, end, offs_n,
-                         seq_q, seq_k, qk_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, True)
+    for g in range(GROUP):  # the query heads that share this key/value head
+        h = h_kv * GROUP + g
+        q_base = head_start(b, h, seq_q, H, HEAD_DIM)
+        row0 = (b * H + h).to(tl.int64) * seq_q
+        dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, begin, full_begin, offs_n,
+                             seq_q, seq_k, qk_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, True)
+        dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, full_begin, full_end,
+                             offs_n, seq_q, seq_k, qk_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, False)
+        dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, full_end, end, offs_n,
+                             seq_q, seq_k, qk_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, True)
 
-    store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, STRIDE, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
-    store_tile(dV + kv_base, dv, offs_n, offs_d, STRIDE, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
+    store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
+    store_tile(dV + kv_base, dv, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
 
 
 @triton.jit
 def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, offs_m, seq_q, seq_k, qk_scale,
-              STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+              STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, MASKED: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = load_tile(k_base, offs_n, offs_d, STRIDE, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
-        v = load_tile(v_base, offs_n, offs_d, STRIDE, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
+        k = load_tile(k_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
+        v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
         s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BM, BN] fp32
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
@@ -111,13 +119,15 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, offs_m, seq_q, seq
 
 @triton.jit
 def attn_bwd_dq(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, dQ,
-                H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
     STRIDE: tl.constexpr = H * HEAD_DIM
-    q_base = head_start(bh, seq_q, H, HEAD_DIM)
-    kv_base = head_start(bh, seq_k, H, HEAD_DIM)
+    q_base = head_start(b, h, seq_q, H, HEAD_DIM)
+    kv_base = head_start(b, h // (H // KV_H), seq_k, KV_H, HEAD_DIM)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     qk_scale = sm_scale * LOG2E
@@ -128,8 +138,9 @@ def attn_bwd_dq(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, dQ,
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     full_end, end = key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, 0, full_end, offs_m, seq_q, seq_k, qk_scale,
-                   STRIDE, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False)
+                   STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False)
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, full_end, end, offs_m, seq_q, seq_k, qk_scale,
-                   STRIDE, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True)
+                   STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True)
     store_tile(dQ + q_base, dq * sm_scale, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, BLOCK_D != HEAD_DIM)

@@ -1,8 +1,9 @@
 """Forward kernel: online softmax in base 2, masking paid only on boundary blocks.
 
-Layout: q, out (batch, seq_q, H, HEAD_DIM); k, v (batch, seq_k, H, HEAD_DIM), contiguous, so the
-row stride H * HEAD_DIM is a compile-time constant (aligned vector loads); lse (batch, H, seq_q) fp32,
-natural log. One program per (query block, batch * head).
+Layout: q, out (batch, seq_q, H, HEAD_DIM); k, v (batch, seq_k, KV_H, HEAD_DIM), contiguous, so the
+row strides H * HEAD_DIM and KV_H * HEAD_DIM are compile-time constants (aligned vector loads); lse
+(batch, H, seq_q) fp32, natural log. Grouped-query attention: query head h reads key/value head
+h // (H // KV_H), in place (no copy per query head). One program per (query block, batch * H).
 """
 import triton
 import triton.language as tl
@@ -42,14 +43,16 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, offs_m, seq_q, seq_k, q
 
 @triton.jit
 def attn_fwd(Q, K, V, sm_scale, seq_q, seq_k, Out, Lse,
-             H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+             H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
     STRIDE: tl.constexpr = H * HEAD_DIM
-    q_start = head_start(bh, seq_q, H, HEAD_DIM)
-    kv_start = head_start(bh, seq_k, H, HEAD_DIM)
+    q_start = head_start(b, h, seq_q, H, HEAD_DIM)
+    kv_start = head_start(b, h // (H // KV_H), seq_k, KV_H, HEAD_DIM)
     q_base = Q + q_start
     k_base = K + kv_start
     v_base = V + kv_start
@@ -63,10 +66,11 @@ def attn_fwd(Q, K, V, sm_scale, seq_q, seq_k, Out, Lse,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     full_end, end = key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, 0, full_end, offs_m, seq_q, seq_k, qk_scale,
-                               STRIDE, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False)
+                               STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, full_end, end, offs_m, seq_q, seq_k, qk_scale,
-                               STRIDE, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True)
+                               STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True)
 
     # rows that saw no key: output 0, lse -inf
     empty = l_i == 0.0

@@ -9,10 +9,10 @@ import triton.language as tl
 
 
 @triton.jit
-def head_start(bh, seq, H: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Element offset of row 0 of (batch, head) = divmod(bh, H) in a contiguous (batch, seq, H, HEAD_DIM)
-    tensor; rows are H * HEAD_DIM apart. 64-bit: a whole tensor may exceed 2**31 elements."""
-    return (bh // H).to(tl.int64) * seq * (H * HEAD_DIM) + (bh % H) * HEAD_DIM
+def head_start(b, h, seq, H: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Element offset of row 0 of (batch b, head h) in a contiguous (batch, seq, H, HEAD_DIM) tensor;
+    rows are H * HEAD_DIM apart. 64-bit: a whole tensor may exceed 2**31 elements."""
+    return b.to(tl.int64) * seq * (H * HEAD_DIM) + h * HEAD_DIM
 
 
 @triton.jit

@@ -9,6 +9,8 @@ def _f64(x):
 def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None):
     """Returns dict(out, lse, dq, dk, dv) in float64 for cotangents dout (and dlse, default 0)."""
     q, k, v, dout = map(_f64, (q, k, v, dout))
+    group = q.shape[2] // k.shape[2]  # grouped-query attention: each key/value head serves `group` query heads
+    k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
     sq, sk = q.shape[1], k.shape[1]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
@@ -28,4 +30,6 @@ def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None):
     ds = p * (dp - delta[..., None] + dlse[..., None])
     dq = np.einsum("bhqk,bkhd->bqhd", ds, k) * scale
     dk = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
+    b, _, h, d = dk.shape
+    dk, dv = (x.reshape(b, sk, h // group, group, d).sum(3) for x in (dk, dv))
     return dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv)

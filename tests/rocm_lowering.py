@@ -72,7 +72,7 @@ def _install_stand_ins(arch_details):
     triton_lib.compile_ttir_to_hsaco_inplace = recording_compile
 
 
-def export_forward_backward(arch: str, head_dim: int, dtype, causal: bool):
+def export_forward_backward(arch: str, head_dim: int, dtype, causal: bool, kv_heads: int):
     _triton.target = lambda: arch  # the arch a ROCm device would report
     opts = Options(causal=causal, softmax_scale=head_dim ** -0.5, implementation="triton")
 
@@ -81,10 +81,11 @@ def export_forward_backward(arch: str, head_dim: int, dtype, causal: bool):
         return out, lse, vjp((dout, dlse))
 
     x = jax.ShapeDtypeStruct((2, 300, 4, head_dim), dtype)
+    kv = jax.ShapeDtypeStruct((2, 300, kv_heads, head_dim), dtype)
     lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
     # jax-triton's custom call has no export stability guarantee; that is irrelevant to lowering it
     unchecked = [jax.export.DisabledSafetyCheck.custom_call(triton_lib.CUSTOM_CALL_TARGET_NAME)]
-    exported = jax.export.export(jax.jit(fwd_bwd), platforms=["rocm"], disabled_checks=unchecked)(x, x, x, x, lse)
+    exported = jax.export.export(jax.jit(fwd_bwd), platforms=["rocm"], disabled_checks=unchecked)(x, kv, kv, x, lse)
     return exported.mlir_module().count("triton_kernel_call")
 
 
@@ -96,16 +97,17 @@ def main():
     _install_stand_ins("unset")
     for arch in archs:
         triton_lib.triton_kernel_call_lib.get_arch_details = lambda device, a=arch: f"{a}:sramecc+:xnack-"
-        for head_dim, dtype, causal in ((128, jnp.bfloat16, True), (64, jnp.float16, False)):
+        # D 128 bf16 causal; D 64 fp16 non-causal with grouped-query heads (4 query, 2 key/value)
+        for head_dim, dtype, causal, kv_heads in ((128, jnp.bfloat16, True, 4), (64, jnp.float16, False, 2)):
             start = len(compiled)
-            calls = export_forward_backward(arch, head_dim, dtype, causal)
+            calls = export_forward_backward(arch, head_dim, dtype, causal, kv_heads)
             for row in compiled[start:]:
                 kernel = row["kernel"]
                 name = {"attn_fwd": "fwd", "attn_bwd_preprocess": "preprocess", "attn_bwd_dkdv": "dkdv",
                         "attn_bwd_dq": "dq"}[kernel]
                 _, options = _launch.pick_config(arch, name, head_dim, dtype)
-                row.update(head_dim=head_dim, dtype=jnp.dtype(dtype).name, causal=causal, custom_calls=calls,
-                           expected=options)
+                row.update(head_dim=head_dim, dtype=jnp.dtype(dtype).name, causal=causal, kv_heads=kv_heads,
+                           custom_calls=calls, expected=options)
                 print(json.dumps(row), flush=True)
 
 

@@ -28,10 +28,10 @@ def mesh():
     return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
 
 
-def _inputs(dtype=jnp.float32):
+def _inputs(dtype=jnp.float32, group=1):
     ks = jax.random.split(jax.random.key(0), 5)
     q = jax.random.normal(ks[0], (B, S, H, D), dtype)
-    k, v = (jax.random.normal(kk, (B, T, H, D), dtype) for kk in ks[1:3])
+    k, v = (jax.random.normal(kk, (B, T, H // group, D), dtype) for kk in ks[1:3])
     dout = jax.random.normal(ks[3], (B, S, H, D), dtype)
     dlse = jax.random.normal(ks[4], (B, H, S), jnp.float32)
     return q, k, v, dout, dlse
@@ -40,7 +40,7 @@ def _inputs(dtype=jnp.float32):
 PARTITION_CALLS = []
 
 
-def _stand_in_kernels():
+def _stand_in_kernels(group=1):
     """(fwd, bwd) in pure JAX and the same wrapped by _spmd; the wrapped ones count how often _spmd's
     partition rule runs (XLA could shard the pure-JAX bodies by itself: the count shows ours did)."""
     scale = D ** -0.5
@@ -54,7 +54,7 @@ def _stand_in_kernels():
     partition = _spmd._partition
     _spmd._partition = lambda *a: PARTITION_CALLS.append(a[0]) or partition(*a)
     try:
-        return fwd, bwd, _spmd.wrap(fwd, _spmd.FWD_RULE), _spmd.wrap(bwd, _spmd.BWD_RULE)
+        return fwd, bwd, _spmd.wrap(fwd, _spmd.FWD_RULE, group), _spmd.wrap(bwd, _spmd.BWD_RULE, group)
     finally:
         _spmd._partition = partition
 
@@ -62,10 +62,14 @@ def _stand_in_kernels():
 SPECS = [P("data", None, "model", None), P(("data", "model"), None, None, None), P(None, None, ("data", "model"), None)]
 
 
+@pytest.mark.parametrize("group", [1, 2], ids=["mha", "gqa"])
 @pytest.mark.parametrize("spec", SPECS, ids=["batch+heads", "batch", "heads"])
-def test_batch_and_head_sharding_run_without_collectives(mesh, spec):
-    fwd, bwd, fwd_sharded, bwd_sharded = _stand_in_kernels()
-    q, k, v, dout, dlse = _inputs()
+def test_batch_and_head_sharding_run_without_collectives(mesh, spec, group):
+    head_axes = spec[2] if isinstance(spec[2], tuple) else (spec[2],) if spec[2] else ()
+    if (H // group) % int(np.prod([mesh.shape[a] for a in head_axes])):
+        pytest.skip(f"{H // group} key/value heads do not split over the {head_axes} axes")
+    fwd, bwd, fwd_sharded, bwd_sharded = _stand_in_kernels(group)
+    q, k, v, dout, dlse = _inputs(group=group)
     sh = NamedSharding(mesh, spec)
     rows = NamedSharding(mesh, P(spec[0], spec[2], None))  # (batch, heads, seq)
     args = [jax.device_put(x, sh) for x in (q, k, v)]
@@ -79,9 +83,10 @@ def test_batch_and_head_sharding_run_without_collectives(mesh, spec):
     assert not re.findall(COLLECTIVES, f.lower(*args).compile().as_text())
 
     bargs = args + [out, lse, jax.device_put(dout, sh), jax.device_put(dlse, rows)]
+    PARTITION_CALLS.clear()
     g = jax.jit(bwd_sharded)
     grads = g(*bargs)
-    assert PARTITION_CALLS[-1] is bwd
+    assert PARTITION_CALLS == [bwd], "the backward was not partitioned by _spmd's rule"
     for got, want in zip(grads, bwd(q, k, v, *fwd(q, k, v), dout, dlse)):
         assert got.sharding.is_equivalent_to(sh, 4)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4, rtol=1e-4)

@@ -11,8 +11,8 @@ from helpers import KERNEL_IMPLS, assert_close, inputs, run
 DTYPES = [jnp.float16, jnp.bfloat16, jnp.float32]
 
 
-def _check(impl, b, sq, sk, h, d, dtype, causal, seed=0, q_scale=1.0, scale=None):
-    q, k, v, dout, dlse = inputs((b, sq, h, d), (b, sk, h, d), dtype, seed, q_scale)
+def _check(impl, b, sq, sk, h, d, dtype, causal, seed=0, q_scale=1.0, scale=None, h_kv=None):
+    q, k, v, dout, dlse = inputs((b, sq, h, d), (b, sk, h_kv or h, d), dtype, seed, q_scale)
     got = run(impl, q, k, v, dout, dlse, causal=causal, softmax_scale=scale)
     base = run("xla", q, k, v, dout, dlse, causal=causal, softmax_scale=scale)
     ref = oracle.attention(q, k, v, dout, dlse, causal=causal, scale=scale)
@@ -45,6 +45,14 @@ def test_large_logits_stay_finite(impl, dtype):
     got = _check(impl, 1, 150, 150, 2, 64, dtype, causal=False, q_scale=30.0)
     for name, x in got.items():
         assert np.isfinite(np.asarray(x.astype(jnp.float32))).all(), name
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("h,h_kv,causal", [(4, 2, True), (6, 1, False), (6, 3, True)], ids=["gqa", "mqa", "gqa3"])
+def test_grouped_query_heads(impl, dtype, h, h_kv, causal):
+    # dK/dV sum over the query heads of each group; odd lengths, seq_q != seq_k
+    _check(impl, 2, 77, 130, h, 40, dtype, causal=causal, h_kv=h_kv, seed=h * 10 + h_kv)
 
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)

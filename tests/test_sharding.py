@@ -1,6 +1,7 @@
 """Runs sharding_cases.py in a process of its own with 8 CPU devices (XLA_FLAGS must be set before jax
 initialises, which in this process it already has)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -18,4 +19,5 @@ def test_sharding_cases_on_8_host_devices():
                            os.path.join(here, "sharding_cases.py")], env=env, cwd=here,
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed and int(passed.group(1)) >= 8, proc.stdout[-2000:]
