@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash_amd.kernels import bwd, configs, fwd
+from jax_flash_amd.kernels import bwd, configs, fwd, masking
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,31 +57,47 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _common(q, k, causal: bool) -> dict[str, Any]:
-    return dict(H=q.shape[2], KV_H=k.shape[2], HEAD_DIM=q.shape[3], BLOCK_D=block_d(q.shape[3]), CAUSAL=bool(causal))
+def band(causal: bool, window: tuple[int, int], seq_q: int, seq_k: int) -> tuple[bool, int, int]:
+    """(BANDED, lo_off, hi_off) of kernels/masking.py: query i sees key j iff i + lo_off <= j <= i + hi_off.
+    window = (left, right), -1 unbounded; causal caps right at 0 (FlashAttention's convention)."""
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    diag = seq_k - seq_q
+    unbounded = masking.UNBOUNDED.value
+    lo_off = diag - left if left >= 0 else -unbounded
+    hi_off = diag + right if right >= 0 else unbounded
+    return left >= 0 or right >= 0, lo_off, hi_off
 
 
-def forward(run: Run, target: str, q, k, v, *, causal: bool, scale: float, rows=None):
+def _common(q, k, banded: bool) -> dict[str, Any]:
+    return dict(H=q.shape[2], KV_H=k.shape[2], HEAD_DIM=q.shape[3], BLOCK_D=block_d(q.shape[3]), BANDED=banded)
+
+
+def forward(run: Run, target: str, q, k, v, *, causal: bool, scale: float, window=(-1, -1), rows=None):
     """(out, lse): out like q, lse (batch, heads, seq_q) float32, natural log. rows: {kernel: config row}
     overriding the defaults (autotuning)."""
     b, sq, h, _ = q.shape
+    banded, lo_off, hi_off = band(causal, window, sq, k.shape[1])
     blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows)
     out, lse = run(Launch(
         kernel=fwd.attn_fwd,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
-        args=(q, k, v, np.float32(scale), sq, k.shape[1]),
+        args=(q, k, v, np.float32(scale), sq, k.shape[1], lo_off, hi_off),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
-        constexprs={**_common(q, k, causal), **blocks},
+        constexprs={**_common(q, k, banded), **blocks},
         compile_options=options,
     ))
     return out, lse
 
 
-def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, *, causal: bool, scale: float, rows=None):
+def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, *, causal: bool, scale: float,
+             window=(-1, -1), rows=None):
     """(dq, dk, dv) for cotangents dout (like out) and dlse (like lse)."""
     b, sq, h, d = q.shape
     sk = k.shape[1]
-    common = _common(q, k, causal)
+    banded, lo_off, hi_off = band(causal, window, sq, sk)
+    common = _common(q, k, banded)
     blocks, options = pick_config(target, "preprocess", d, q.dtype, rows)
     (delta,) = run(Launch(
         kernel=bwd.attn_bwd_preprocess,
@@ -95,7 +111,7 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, *, causal: bo
     dk, dv = run(Launch(
         kernel=bwd.attn_bwd_dkdv,
         grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2]),  # one program per key/value head
-        args=(q, k, v, dout, lse, delta, np.float32(scale), sq, sk),
+        args=(q, k, v, dout, lse, delta, np.float32(scale), sq, sk, lo_off, hi_off),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         constexprs={**common, **blocks},
         compile_options=options,
@@ -104,7 +120,7 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, *, causal: bo
     (dq,) = run(Launch(
         kernel=bwd.attn_bwd_dq,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
-        args=(q, k, v, dout, lse, delta, np.float32(scale), sq, sk),
+        args=(q, k, v, dout, lse, delta, np.float32(scale), sq, sk, lo_off, hi_off),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
         constexprs={**common, **blocks},
         compile_options=options,

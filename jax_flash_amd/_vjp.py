@@ -16,6 +16,11 @@ class Options:
     causal: bool
     softmax_scale: float
     implementation: str  # "triton" | "interpret"
+    window: tuple[int, int] = (-1, -1)  # (left, right), -1 unbounded
+
+    @property
+    def banded(self) -> bool:
+        return self.causal or self.window != (-1, -1)
 
 
 def _backend(opts: Options):
@@ -28,15 +33,16 @@ def _backend(opts: Options):
 
 def _forward(opts: Options, q, k, v):
     run, target = _backend(opts)
-    rows = autotune.rows_for(run, target, q, k, opts.causal, opts.softmax_scale, ("fwd",))
-    return _launch.forward(run, target, q, k, v, causal=opts.causal, scale=opts.softmax_scale, rows=rows)
+    rows = autotune.rows_for(run, target, q, k, opts.banded, opts.softmax_scale, ("fwd",))
+    return _launch.forward(run, target, q, k, v, causal=opts.causal, scale=opts.softmax_scale, window=opts.window,
+                           rows=rows)
 
 
 def _backward(opts: Options, q, k, v, out, lse, dout, dlse):
     run, target = _backend(opts)
-    rows = autotune.rows_for(run, target, q, k, opts.causal, opts.softmax_scale, ("dkdv", "dq"))
+    rows = autotune.rows_for(run, target, q, k, opts.banded, opts.softmax_scale, ("dkdv", "dq"))
     return _launch.backward(run, target, q, k, v, out, lse, dout, dlse, causal=opts.causal,
-                            scale=opts.softmax_scale, rows=rows)
+                            scale=opts.softmax_scale, window=opts.window, rows=rows)
 
 
 @functools.cache

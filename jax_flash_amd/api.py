@@ -17,7 +17,8 @@ MAX_HEAD_DIM = 256
 
 
 def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
-              return_lse: bool = False, implementation: str | None = None):
+              window_size: tuple[int, int] = (-1, -1), return_lse: bool = False,
+              implementation: str | None = None):
     """Exact softmax attention, O(seq) memory, differentiable, as FlashAttention computes it.
 
     Args:
@@ -28,6 +29,10 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
       causal: query i sees key j iff j <= i + seq_k - seq_q (bottom-right aligned, as FlashAttention).
         A query row that sees no key gets output 0, lse -inf and zero gradients.
       softmax_scale: logits are scale * q.k; default 1 / sqrt(head_dim). A static positive number.
+      window_size: (left, right) sliding window, bottom-right aligned like causal: query i sees key j iff
+        i + seq_k - seq_q - left <= j <= i + seq_k - seq_q + right; -1 leaves that side unbounded
+        (default (-1, -1): no window). With causal, right is capped at 0. Key blocks outside the window
+        are skipped, so the cost grows with seq * window, not seq^2.
       return_lse: also return the logsumexp of the scaled logits, (batch, heads, seq_q) float32,
         natural log; it is differentiable too.
       implementation: "triton" (GPU: CUDA or ROCm), "interpret" (the same Triton kernels in Triton's
@@ -45,6 +50,7 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     q, k, v = _check_arrays(q, k, v)
     _check_flag("causal", causal)
     _check_flag("return_lse", return_lse)
+    window = _check_window(window_size)
     scale = _check_scale(softmax_scale, q.shape[-1])
     impl = _choose_implementation(implementation)
 
@@ -53,10 +59,11 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
         out = jnp.zeros_like(q)
         lse = jnp.full((b, h, sq), -jnp.inf, jnp.float32)
     elif impl == "xla":
-        out, lse = reference.attention(q, k, v, causal=causal, softmax_scale=scale)
+        out, lse = reference.attention(q, k, v, causal=causal, softmax_scale=scale, window_size=window)
     else:
         _check_kernel_limits(q, k)
-        out, lse = flash_attention(q, k, v, Options(causal=causal, softmax_scale=scale, implementation=impl))
+        out, lse = flash_attention(q, k, v, Options(causal=causal, softmax_scale=scale, implementation=impl,
+                                                    window=window))
     return (out, lse) if return_lse else out
 
 
@@ -99,6 +106,16 @@ def _check_kernel_limits(q, k) -> None:
 def _check_flag(name: str, value) -> None:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a Python bool; got {type(value).__name__}")
+
+
+def _check_window(window_size) -> tuple[int, int]:
+    ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
+          and all(isinstance(w, int) and not isinstance(w, bool) for w in window_size))
+    if not ok:
+        raise TypeError(f"window_size must be a pair of Python ints (left, right); got {window_size!r}")
+    if min(window_size) < -1:
+        raise ValueError(f"window_size values must be >= 0, or -1 for unbounded; got {tuple(window_size)}")
+    return int(window_size[0]), int(window_size[1])
 
 
 def _check_scale(softmax_scale, head_dim: int) -> float:

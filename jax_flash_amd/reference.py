@@ -13,16 +13,24 @@ import jax.numpy as jnp
 _HIGHEST = jax.lax.Precision.HIGHEST  # float32 inputs: true fp32 dots, not TF32
 
 
-def visible(seq_q: int, seq_k: int, causal: bool) -> jax.Array:
-    """(seq_q, seq_k) bool: query i sees key j (causal is bottom-right aligned)."""
-    if not causal:
-        return jnp.ones((seq_q, seq_k), bool)
-    i = jnp.arange(seq_q)[:, None]
+def visible(seq_q: int, seq_k: int, causal: bool, window: tuple[int, int] = (-1, -1)) -> jax.Array:
+    """(seq_q, seq_k) bool: query i sees key j. Bottom-right aligned like FlashAttention: with
+    diag = seq_k - seq_q, i + diag - left <= j <= i + diag + right (-1: unbounded); causal: right <= 0."""
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    i = jnp.arange(seq_q)[:, None] + (seq_k - seq_q)
     j = jnp.arange(seq_k)[None, :]
-    return j <= i + (seq_k - seq_q)
+    ok = jnp.ones((seq_q, seq_k), bool)
+    if left >= 0:
+        ok &= j >= i - left
+    if right >= 0:
+        ok &= j <= i + right
+    return ok
 
 
-def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None):
+def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
+              window_size: tuple[int, int] = (-1, -1)):
     """(out, lse) for q (B, Sq, H, D), k/v (B, Sk, H_kv, D) with H a multiple of H_kv (grouped-query
     attention: query head h uses key/value head h // (H // H_kv)); lse (B, H, Sq) float32, natural log.
 
@@ -33,7 +41,7 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     if group > 1:  # the O(N^2) reference may copy K/V per query head; the kernels do not
         k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32, precision=_HIGHEST) * scale
-    s = jnp.where(visible(q.shape[1], k.shape[1], causal), s, -jnp.inf)
+    s = jnp.where(visible(q.shape[1], k.shape[1], causal, window_size), s, -jnp.inf)
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1))
     m = jnp.where(jnp.isfinite(m), m, 0.0)  # empty rows: exp(-inf - 0) = 0, no NaN
     p = jnp.exp(s - m[..., None])

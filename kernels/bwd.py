@@ -11,7 +11,8 @@ import triton
 import triton.language as tl
 
 from .fwd import LOG2E
-from .masking import head_start, key_blocks, load_tile, query_blocks, store_tile, visible
+from .masking import (head_start, key_blocks, load_tile, query_blocks, span_block, span_blocks, store_tile,
+                      visible)
 
 
 @triton.jit
@@ -41,11 +42,13 @@ def _load_row_stats(Lse, Delta, row0, offs_m, seq_q):
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_base, do_base, Lse, Delta, row0, lo, hi, offs_n, seq_q, seq_k, qk_scale,
-                STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                CAUSAL: tl.constexpr, MASKED: tl.constexpr):
+def _dkdv_inner(dk, dv, k, v, q_base, do_base, Lse, Delta, row0, lo, hi, lo2, hi2, offs_n, seq_q, seq_k,
+                lo_off, hi_off, qk_scale, STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_M: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr):
+    """Query blocks of [lo, hi) then [lo2, hi2)."""
     offs_d = tl.arange(0, BLOCK_D)
-    for start_m in range(lo, hi, BLOCK_M):
+    for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_M)):
+        start_m = span_block(i, lo, hi, lo2, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = load_tile(q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BM, BD]
         do = load_tile(do_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BM, BD]
@@ -53,7 +56,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, Lse, Delta, row0, lo, hi, offs_n,
         s_t = tl.dot(k, tl.trans(q), input_precision="ieee")  # [BN, BM] fp32
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
-            p_t = tl.where(visible(offs_m[None, :], offs_n[:, None], seq_q, seq_k, CAUSAL), p_t, 0.0)
+            p_t = tl.where(visible(offs_m[None, :], offs_n[:, None], seq_q, seq_k, lo_off, hi_off, BANDED), p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")
         dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")  # [BN, BM]
         ds_t = p_t * (dp_t - delta[None, :])
@@ -62,9 +65,9 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, Lse, Delta, row0, lo, hi, offs_n,
 
 
 @triton.jit
-def attn_bwd_dkdv(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, dK, dV,
+def attn_bwd_dkdv(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, lo_off, hi_off, dK, dV,
                   H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)  # batch * KV_H
     b = bh // KV_H
@@ -82,35 +85,37 @@ def attn_bwd_dkdv(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, dK, dV,
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
 
-    begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, BLOCK_M, BLOCK_N, BANDED)
     for g in range(GROUP):  # the query heads that share this key/value head
         h = h_kv * GROUP + g
         q_base = head_start(b, h, seq_q, H, HEAD_DIM)
         row0 = (b * H + h).to(tl.int64) * seq_q
-        dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, begin, full_begin, offs_n,
-                             seq_q, seq_k, qk_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, True)
         dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, full_begin, full_end,
-                             offs_n, seq_q, seq_k, qk_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, False)
-        dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, full_end, end, offs_n,
-                             seq_q, seq_k, qk_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, True)
+                             full_end, full_end, offs_n, seq_q, seq_k, lo_off, hi_off, qk_scale, STRIDE, HEAD_DIM,
+                             BLOCK_D, BLOCK_M, BANDED, False)
+        dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, begin, full_begin, full_end,
+                             end, offs_n, seq_q, seq_k, lo_off, hi_off, qk_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M,
+                             BANDED, True)
 
     store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
     store_tile(dV + kv_base, dv, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, offs_m, seq_q, seq_k, qk_scale,
-              STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, MASKED: tl.constexpr):
+def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q, seq_k, lo_off, hi_off,
+              qk_scale, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr):
+    """Key blocks of [lo, hi) then [lo2, hi2)."""
     offs_d = tl.arange(0, BLOCK_D)
-    for start_n in range(lo, hi, BLOCK_N):
+    for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
+        start_n = span_block(i, lo, hi, lo2, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
         v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
         s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BM, BN] fp32
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
-            p = tl.where(visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, CAUSAL), p, 0.0)
+            p = tl.where(visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, lo_off, hi_off, BANDED), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # [BM, BN]
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
@@ -118,9 +123,9 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, offs_m, seq_q, seq
 
 
 @triton.jit
-def attn_bwd_dq(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, dQ,
+def attn_bwd_dq(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, lo_off, hi_off, dQ,
                 H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr):
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // H
@@ -137,10 +142,10 @@ def attn_bwd_dq(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, dQ,
     lse2, delta = _load_row_stats(Lse, Delta, bh.to(tl.int64) * seq_q, offs_m, seq_q)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    full_end, end = key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, BLOCK_M, BLOCK_N, BANDED)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
-    dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, 0, full_end, offs_m, seq_q, seq_k, qk_scale,
-                   STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False)
-    dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, full_end, end, offs_m, seq_q, seq_k, qk_scale,
-                   STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True)
+    dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, full_start, full_end, full_end, full_end,
+                   offs_m, seq_q, seq_k, lo_off, hi_off, qk_scale, STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, False)
+    dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, start, full_start, full_end, end,
+                   offs_m, seq_q, seq_k, lo_off, hi_off, qk_scale, STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, True)
     store_tile(dQ + q_base, dq * sm_scale, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, BLOCK_D != HEAD_DIM)

@@ -8,23 +8,25 @@ h // (H // KV_H), in place (no copy per query head). One program per (query bloc
 import triton
 import triton.language as tl
 
-from .masking import head_start, key_blocks, load_tile, store_tile, visible
+from .masking import head_start, key_blocks, load_tile, span_block, span_blocks, store_tile, visible
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, offs_m, seq_q, seq_k, qk_scale,
-               STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr):
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q, seq_k, lo_off, hi_off,
+               qk_scale, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr):
+    """Key blocks of [lo, hi) then [lo2, hi2)."""
     offs_d = tl.arange(0, BLOCK_D)
-    for start_n in range(lo, hi, BLOCK_N):
+    for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
+        start_n = span_block(i, lo, hi, lo2, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
         s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BM, BN] fp32
         if MASKED:
-            s = tl.where(visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, CAUSAL), s * qk_scale, float("-inf"))
+            s = tl.where(visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, lo_off, hi_off, BANDED), s * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -42,9 +44,10 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, offs_m, seq_q, seq_k, q
 
 
 @triton.jit
-def attn_fwd(Q, K, V, sm_scale, seq_q, seq_k, Out, Lse,
+def attn_fwd(Q, K, V, sm_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse,
              H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr):
+    """lo_off / hi_off / BANDED: the visible band (masking.py)."""
     # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
@@ -65,12 +68,14 @@ def attn_fwd(Q, K, V, sm_scale, seq_q, seq_k, Out, Lse,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    full_end, end = key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, BLOCK_M, BLOCK_N, BANDED)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, 0, full_end, offs_m, seq_q, seq_k, qk_scale,
-                               STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, full_end, end, offs_m, seq_q, seq_k, qk_scale,
-                               STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, full_start, full_end, full_end, full_end, offs_m,
+                               seq_q, seq_k, lo_off, hi_off, qk_scale, STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, BANDED,
+                               False)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, full_start, full_end, end, offs_m,
+                               seq_q, seq_k, lo_off, hi_off, qk_scale, STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, BANDED,
+                               True)
 
     # rows that saw no key: output 0, lse -inf
     empty = l_i == 0.0

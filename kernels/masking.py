@@ -1,11 +1,18 @@
 """The one place that says what a program touches: where a (batch, head) starts, which (query, key)
 pairs are visible, which blocks need masking, and masked tile loads and stores.
 
-Used by the forward and by all backward kernels. Causal attention is bottom-right aligned:
-query i sees key j iff j <= i + seq_k - seq_q.
+Used by the forward and by all backward kernels. Visibility is a band around the bottom-right aligned
+diagonal (FlashAttention's convention): query i sees key j iff
+    i + seq_k - seq_q - left <= j <= i + seq_k - seq_q + right,
+with left / right unbounded when negative; causal is right = 0. The kernels take the band as two
+offsets, lo_off = seq_k - seq_q - left and hi_off = seq_k - seq_q + right (+-UNBOUNDED when open), so
+query i sees key j iff i + lo_off <= j <= i + hi_off, and BANDED (constexpr) says whether there is a
+band at all: without one only the sequence bounds are checked.
 """
 import triton
 import triton.language as tl
+
+UNBOUNDED = tl.constexpr(1 << 30)  # an offset beyond any sequence length, small enough not to overflow
 
 
 @triton.jit
@@ -16,53 +23,79 @@ def head_start(b, h, seq, H: tl.constexpr, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def visible(q_idx, k_idx, seq_q, seq_k, CAUSAL: tl.constexpr):
+def visible(q_idx, k_idx, seq_q, seq_k, lo_off, hi_off, BANDED: tl.constexpr):
     """Boolean mask, broadcast of q_idx and k_idx (pass [BM, 1] / [1, BN], or transposed)."""
     ok = (q_idx < seq_q) & (k_idx < seq_k)
-    if CAUSAL:
-        ok = ok & (k_idx <= q_idx + (seq_k - seq_q))
+    if BANDED:
+        ok = ok & (k_idx >= q_idx + lo_off) & (k_idx <= q_idx + hi_off)
     return ok
 
 
 @triton.jit
-def key_blocks(start_m, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """Keys a query block [start_m, start_m + BLOCK_M) must visit: (full_end, end).
+def key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BANDED: tl.constexpr):
+    """Keys a query block [start_m, start_m + BLOCK_M) must visit: (start, full_start, full_end, end).
 
-    Key blocks in [0, full_end) are visible to every query row of the block and need no mask;
-    [full_end, end) need the mask; keys >= end are invisible to all rows and are skipped.
+    Key blocks in [full_start, full_end) are visible to every query row of the block and need no mask;
+    [start, full_start) and [full_end, end) need the mask; keys outside [start, end) are invisible to
+    all rows and are skipped. start, full_start, full_end are multiples of BLOCK_N.
     """
+    start = 0
     end = seq_k
-    full_end = seq_k
-    if CAUSAL:
-        diag = seq_k - seq_q
+    full_start = 0
+    full_end = seq_k // BLOCK_N * BLOCK_N
+    if BANDED:
         last_row = tl.minimum(start_m + BLOCK_M, seq_q) - 1
-        end = tl.maximum(tl.minimum(seq_k, last_row + diag + 1), 0)
-        full_end = tl.maximum(tl.minimum(seq_k, start_m + diag + 1), 0)
-    full_end = full_end // BLOCK_N * BLOCK_N
-    return full_end, end
+        start = tl.minimum(tl.maximum(start_m + lo_off, 0), seq_k) // BLOCK_N * BLOCK_N
+        end = tl.maximum(tl.minimum(last_row + hi_off + 1, seq_k), 0)
+        # visible to all rows: last_row + lo_off <= j <= start_m + hi_off
+        full_start = tl.minimum(tl.cdiv(tl.maximum(last_row + lo_off, 0), BLOCK_N) * BLOCK_N, end)
+        full_start = tl.maximum(full_start, start)
+        full_end = tl.maximum(tl.minimum(start_m + hi_off + 1, seq_k), 0) // BLOCK_N * BLOCK_N
+        full_end = tl.maximum(full_end, full_start)
+    return start, full_start, full_end, end
 
 
 @triton.jit
-def query_blocks(start_n, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+def query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BANDED: tl.constexpr):
     """Queries a key block [start_n, start_n + BLOCK_N) must visit: (begin, full_begin, full_end, end).
 
-    [begin, full_begin) and [full_end, end) need the mask (the diagonal, the ragged last query
+    [begin, full_begin) and [full_end, end) need the mask (the band's edges, the ragged last query
     block); [full_begin, full_end) see every key of the block. All bounds are multiples of BLOCK_M.
     A ragged last key block is masked throughout.
     """
     end = tl.cdiv(seq_q, BLOCK_M) * BLOCK_M
     begin = 0
     full_begin = 0
-    if CAUSAL:
-        diag = seq_k - seq_q
-        begin = tl.minimum(tl.maximum(start_n - diag, 0) // BLOCK_M * BLOCK_M, end)
-        # first row that sees the block's last key, rounded up to a block boundary
-        full_begin = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - diag, 0), BLOCK_M) * BLOCK_M, end)
     full_end = seq_q // BLOCK_M * BLOCK_M
+    if BANDED:
+        last_key = tl.minimum(start_n + BLOCK_N, seq_k) - 1
+        # query i sees key j iff j - hi_off <= i <= j - lo_off
+        begin = tl.minimum(tl.maximum(start_n - hi_off, 0) // BLOCK_M * BLOCK_M, end)
+        end = tl.minimum(tl.cdiv(tl.maximum(tl.minimum(last_key - lo_off + 1, seq_q), 0), BLOCK_M) * BLOCK_M, end)
+        end = tl.maximum(end, begin)
+        # rows that see every key of the block: last_key - hi_off <= i <= start_n - lo_off
+        full_begin = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(last_key - hi_off, 0), BLOCK_M) * BLOCK_M, begin), end)
+        full_end = tl.maximum(tl.minimum(tl.minimum(start_n - lo_off + 1, seq_q) // BLOCK_M * BLOCK_M, end),
+                              full_begin)
     if start_n + BLOCK_N > seq_k:
         full_end = full_begin
-    full_end = tl.maximum(full_end, full_begin)
     return begin, full_begin, full_end, end
+
+
+@triton.jit
+def span_block(i, lo, hi, lo2, BLOCK: tl.constexpr):
+    """Start of the i-th block of [lo, hi) followed by [lo2, ...) (lo, lo2 multiples of BLOCK; a span
+    may end ragged): one loop walks both masked spans of a band (less code, fewer registers than two)."""
+    n1 = tl.cdiv(hi - lo, BLOCK)
+    return tl.where(i < n1, lo + i * BLOCK, lo2 + (i - n1) * BLOCK)
+
+
+@triton.jit
+def span_blocks(lo, hi, lo2, hi2, BLOCK: tl.constexpr):
+    """Number of blocks in [lo, hi) and [lo2, hi2) together."""
+    return tl.cdiv(hi - lo, BLOCK) + tl.cdiv(hi2 - lo2, BLOCK)
 
 
 @triton.jit

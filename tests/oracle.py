@@ -6,7 +6,7 @@ def _f64(x):
     return np.asarray(np.asarray(x).astype(np.float32), np.float64)
 
 
-def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None):
+def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None, window=(-1, -1)):
     """Returns dict(out, lse, dq, dk, dv) in float64 for cotangents dout (and dlse, default 0)."""
     q, k, v, dout = map(_f64, (q, k, v, dout))
     group = q.shape[2] // k.shape[2]  # grouped-query attention: each key/value head serves `group` query heads
@@ -14,8 +14,14 @@ def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None):
     sq, sk = q.shape[1], k.shape[1]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    left, right = window
     if causal:
-        s = np.where(np.arange(sk)[None, :] <= np.arange(sq)[:, None] + sk - sq, s, -np.inf)
+        right = 0 if right < 0 else min(right, 0)
+    i, j = np.arange(sq)[:, None] + sk - sq, np.arange(sk)[None, :]
+    if left >= 0:
+        s = np.where(j >= i - left, s, -np.inf)
+    if right >= 0:
+        s = np.where(j <= i + right, s, -np.inf)
     m = s.max(-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m)

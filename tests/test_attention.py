@@ -11,11 +11,11 @@ from helpers import KERNEL_IMPLS, assert_close, inputs, run
 DTYPES = [jnp.float16, jnp.bfloat16, jnp.float32]
 
 
-def _check(impl, b, sq, sk, h, d, dtype, causal, seed=0, q_scale=1.0, scale=None, h_kv=None):
+def _check(impl, b, sq, sk, h, d, dtype, causal, seed=0, q_scale=1.0, scale=None, h_kv=None, window=(-1, -1)):
     q, k, v, dout, dlse = inputs((b, sq, h, d), (b, sk, h_kv or h, d), dtype, seed, q_scale)
-    got = run(impl, q, k, v, dout, dlse, causal=causal, softmax_scale=scale)
-    base = run("xla", q, k, v, dout, dlse, causal=causal, softmax_scale=scale)
-    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, scale=scale)
+    got = run(impl, q, k, v, dout, dlse, causal=causal, softmax_scale=scale, window_size=window)
+    base = run("xla", q, k, v, dout, dlse, causal=causal, softmax_scale=scale, window_size=window)
+    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, scale=scale, window=window)
     assert_close(got, ref, base, dtype)
     for name, x in (("out", q), ("dq", q), ("dk", k), ("dv", v)):
         assert got[name].shape == x.shape and got[name].dtype == x.dtype, name
@@ -53,6 +53,23 @@ def test_large_logits_stay_finite(impl, dtype):
 def test_grouped_query_heads(impl, dtype, h, h_kv, causal):
     # dK/dV sum over the query heads of each group; odd lengths, seq_q != seq_k
     _check(impl, 2, 77, 130, h, 40, dtype, causal=causal, h_kv=h_kv, seed=h * 10 + h_kv)
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("sq,sk,window", [
+    (150, 150, (20, 0)), (150, 150, (0, 0)), (150, 150, (33, 17)), (97, 211, (40, -1)), (211, 97, (-1, 5)),
+    (130, 130, (0, 70)), (64, 300, (5, 5)),
+], ids=lambda x: str(x))
+def test_sliding_window(impl, causal, sq, sk, window):
+    # blocks entirely outside the band are skipped; band edges land inside and across blocks;
+    # rows whose window holds no key (seq_q > seq_k with a narrow band) give 0, lse -inf
+    _check(impl, 1, sq, sk, 2, 48, jnp.float16, causal=causal, window=window, seed=sq + sum(window))
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_window_with_grouped_query_heads(impl):
+    _check(impl, 2, 120, 120, 4, 32, jnp.bfloat16, causal=True, h_kv=2, window=(31, 0), seed=7)
 
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
