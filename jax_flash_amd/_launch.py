@@ -70,34 +70,45 @@ def band(causal: bool, window: tuple[int, int], seq_q: int, seq_k: int) -> tuple
     return left >= 0 or right >= 0, lo_off, hi_off
 
 
-def _common(q, k, banded: bool) -> dict[str, Any]:
-    return dict(H=q.shape[2], KV_H=k.shape[2], HEAD_DIM=q.shape[3], BLOCK_D=block_d(q.shape[3]), BANDED=banded)
+def _slopes(slopes, b: int, h: int):
+    """(ALIBI, a (batch, heads) float32 array for the kernels' Slopes argument; a dummy when None)."""
+    if slopes is None:
+        return False, jnp.zeros((b, h), jnp.float32)
+    return True, slopes
 
 
-def forward(run: Run, target: str, q, k, v, *, causal: bool, scale: float, window=(-1, -1), rows=None):
-    """(out, lse): out like q, lse (batch, heads, seq_q) float32, natural log. rows: {kernel: config row}
-    overriding the defaults (autotuning)."""
+def _common(q, k, banded: bool, softcap: float, alibi: bool) -> dict[str, Any]:
+    return dict(H=q.shape[2], KV_H=k.shape[2], HEAD_DIM=q.shape[3], BLOCK_D=block_d(q.shape[3]), BANDED=banded,
+                SOFTCAP=softcap > 0, ALIBI=alibi)
+
+
+def forward(run: Run, target: str, q, k, v, slopes=None, *, causal: bool, scale: float, window=(-1, -1),
+            softcap: float = 0.0, rows=None):
+    """(out, lse): out like q, lse (batch, heads, seq_q) float32, natural log. slopes: ALiBi slopes
+    (batch, heads) float32 or None. rows: {kernel: config row} overriding the defaults (autotuning)."""
     b, sq, h, _ = q.shape
+    alibi, slopes = _slopes(slopes, b, h)
     banded, lo_off, hi_off = band(causal, window, sq, k.shape[1])
     blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows)
     out, lse = run(Launch(
         kernel=fwd.attn_fwd,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
-        args=(q, k, v, np.float32(scale), sq, k.shape[1], lo_off, hi_off),
+        args=(q, k, v, slopes, np.float32(scale), np.float32(softcap), sq, k.shape[1], lo_off, hi_off),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
-        constexprs={**_common(q, k, banded), **blocks},
+        constexprs={**_common(q, k, banded, softcap, alibi), **blocks},
         compile_options=options,
     ))
     return out, lse
 
 
-def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, *, causal: bool, scale: float,
-             window=(-1, -1), rows=None):
+def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, slopes=None, *, causal: bool, scale: float,
+             window=(-1, -1), softcap: float = 0.0, rows=None):
     """(dq, dk, dv) for cotangents dout (like out) and dlse (like lse)."""
     b, sq, h, d = q.shape
     sk = k.shape[1]
     banded, lo_off, hi_off = band(causal, window, sq, sk)
-    common = _common(q, k, banded)
+    alibi, slopes = _slopes(slopes, b, h)
+    common = _common(q, k, banded, softcap, alibi)
     blocks, options = pick_config(target, "preprocess", d, q.dtype, rows)
     (delta,) = run(Launch(
         kernel=bwd.attn_bwd_preprocess,
@@ -111,7 +122,7 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, *, causal: bo
     dk, dv = run(Launch(
         kernel=bwd.attn_bwd_dkdv,
         grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2]),  # one program per key/value head
-        args=(q, k, v, dout, lse, delta, np.float32(scale), sq, sk, lo_off, hi_off),
+        args=(q, k, v, slopes, dout, lse, delta, np.float32(scale), np.float32(softcap), sq, sk, lo_off, hi_off),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         constexprs={**common, **blocks},
         compile_options=options,
@@ -120,7 +131,7 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, *, causal: bo
     (dq,) = run(Launch(
         kernel=bwd.attn_bwd_dq,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
-        args=(q, k, v, dout, lse, delta, np.float32(scale), sq, sk, lo_off, hi_off),
+        args=(q, k, v, slopes, dout, lse, delta, np.float32(scale), np.float32(softcap), sq, sk, lo_off, hi_off),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
         constexprs={**common, **blocks},
         compile_options=options,

@@ -21,16 +21,16 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 # Shardy rules: b batch, s query positions, t key positions, h key/value heads, g query heads per
 # key/value head (query heads are (h g): sharding them in contiguous chunks shards h), d head_dim.
-FWD_RULE = "b s (h g) d, b t h d, b t h d -> b s (h g) d, b (h g) s"  # q, k, v -> out, lse
-BWD_RULE = ("b s (h g) d, b t h d, b t h d, b s (h g) d, b (h g) s, b s (h g) d, b (h g) s"
-            " -> b s (h g) d, b t h d, b t h d")  # q, k, v, out, lse, dout, dlse -> dq, dk, dv
+FWD_RULE = "b s (h g) d, b t h d, b t h d, b (h g) -> b s (h g) d, b (h g) s"  # q, k, v, slopes -> out, lse
+BWD_RULE = ("b s (h g) d, b t h d, b t h d, b (h g), b s (h g) d, b (h g) s, b s (h g) d, b (h g) s"
+            " -> b s (h g) d, b t h d, b t h d")  # q, k, v, slopes, out, lse, dout, dlse -> dq, dk, dv
 _WHOLE = ("s", "d", "t")  # factors a device must hold entirely (in order of first use: Shardy wants it)
 
 
 def wrap(fn, rule: str, group: int = 1, partition: bool = True):
     """fn(*arrays) -> tuple of arrays, with the vmap and (if partition) sharding rules above. Every
     array's axis 0 is the batch; (batch, seq, heads, head_dim) arrays have heads at axis 2, (batch,
-    heads, seq) at 1; group: query heads per key/value head. partition=False for host-callback bodies (the interpreter): JAX frees callbacks
+    heads, seq) at 1, (batch, heads) slopes at 1; group: query heads per key/value head. partition=False for host-callback bodies (the interpreter): JAX frees callbacks
     lowered inside a custom_partitioning rule too early (jax-ml/jax#23620, a crash), so those run
     unpartitioned (XLA gathers their operands)."""
     if partition:
@@ -85,6 +85,8 @@ def _warn_gather(spec: str) -> None:
 def _sharding(mesh, shape, batch, heads) -> NamedSharding:
     if len(shape.shape) == 4:  # (batch, seq, heads, head_dim)
         return NamedSharding(mesh, PartitionSpec(batch, None, heads, None))
+    if len(shape.shape) == 2:  # ALiBi slopes (batch, heads)
+        return NamedSharding(mesh, PartitionSpec(batch, heads))
     return NamedSharding(mesh, PartitionSpec(batch, heads, None))  # (batch, heads, seq)
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 
 import jax
+import jax.numpy as jnp
 
 from jax_flash_amd import _launch, _spmd, autotune
 
@@ -17,6 +18,8 @@ class Options:
     softmax_scale: float
     implementation: str  # "triton" | "interpret"
     window: tuple[int, int] = (-1, -1)  # (left, right), -1 unbounded
+    softcap: float = 0.0  # > 0: logits capped with softcap * tanh(logits / softcap)
+    alibi: bool = False  # the slopes operand holds ALiBi slopes (else zeros, unused)
 
     @property
     def banded(self) -> bool:
@@ -31,18 +34,19 @@ def _backend(opts: Options):
     return _interpret.run, _interpret.TARGET
 
 
-def _forward(opts: Options, q, k, v):
+def _forward(opts: Options, q, k, v, slopes):
     run, target = _backend(opts)
     rows = autotune.rows_for(run, target, q, k, opts.banded, opts.softmax_scale, ("fwd",))
-    return _launch.forward(run, target, q, k, v, causal=opts.causal, scale=opts.softmax_scale, window=opts.window,
-                           rows=rows)
+    return _launch.forward(run, target, q, k, v, slopes if opts.alibi else None, causal=opts.causal,
+                           scale=opts.softmax_scale, window=opts.window, softcap=opts.softcap, rows=rows)
 
 
-def _backward(opts: Options, q, k, v, out, lse, dout, dlse):
+def _backward(opts: Options, q, k, v, slopes, out, lse, dout, dlse):
     run, target = _backend(opts)
     rows = autotune.rows_for(run, target, q, k, opts.banded, opts.softmax_scale, ("dkdv", "dq"))
-    return _launch.backward(run, target, q, k, v, out, lse, dout, dlse, causal=opts.causal,
-                            scale=opts.softmax_scale, window=opts.window, rows=rows)
+    return _launch.backward(run, target, q, k, v, out, lse, dout, dlse, slopes if opts.alibi else None,
+                            causal=opts.causal, scale=opts.softmax_scale, window=opts.window, softcap=opts.softcap,
+                            rows=rows)
 
 
 @functools.cache
@@ -58,21 +62,24 @@ def _group(q, k) -> int:
     return q.shape[2] // k.shape[2]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def flash_attention(q, k, v, opts: Options):
-    """(out, lse) through the Triton kernels; differentiable in q, k, v (also through lse)."""
-    return _kernel_calls(opts, _group(q, k))[0](q, k, v)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def flash_attention(q, k, v, slopes, opts: Options):
+    """(out, lse) through the Triton kernels; differentiable in q, k, v (also through lse). slopes:
+    (batch, heads_q) float32 ALiBi slopes when opts.alibi (zeros otherwise); constants: their cotangent
+    is zero, as in FlashAttention."""
+    return _kernel_calls(opts, _group(q, k))[0](q, k, v, slopes)
 
 
-def _fwd_rule(q, k, v, opts: Options):
-    out, lse = _kernel_calls(opts, _group(q, k))[0](q, k, v)
-    return (out, lse), (q, k, v, out, lse)
+def _fwd_rule(q, k, v, slopes, opts: Options):
+    out, lse = _kernel_calls(opts, _group(q, k))[0](q, k, v, slopes)
+    return (out, lse), (q, k, v, slopes, out, lse)
 
 
 def _bwd_rule(opts: Options, residuals, cotangents):
-    q, k, v, out, lse = residuals
+    q, k, v, slopes, out, lse = residuals
     dout, dlse = cotangents
-    return _kernel_calls(opts, _group(q, k))[1](q, k, v, out, lse, dout.astype(out.dtype), dlse)
+    dq, dk, dv = _kernel_calls(opts, _group(q, k))[1](q, k, v, slopes, out, lse, dout.astype(out.dtype), dlse)
+    return dq, dk, dv, jnp.zeros_like(slopes)
 
 
 flash_attention.defvjp(_fwd_rule, _bwd_rule)

@@ -93,7 +93,7 @@ def _source(launch: _launch.Launch):
     values = [*launch.args, *launch.out_shapes]
     signature, attrs = {}, {}
     for i, (name, value) in enumerate(zip(names, values)):
-        if isinstance(value, jax.ShapeDtypeStruct):
+        if isinstance(value, (jax.ShapeDtypeStruct, jax.Array)):
             signature[name] = "*" + _TRITON_DTYPE[jnp.dtype(value.dtype)]
             attrs[(i,)] = [["tt.divisibility", 16]]  # jax-triton passes 16-byte aligned buffers
         elif isinstance(value, np.floating):

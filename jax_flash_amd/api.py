@@ -17,8 +17,8 @@ MAX_HEAD_DIM = 256
 
 
 def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
-              window_size: tuple[int, int] = (-1, -1), return_lse: bool = False,
-              implementation: str | None = None):
+              window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+              return_lse: bool = False, implementation: str | None = None):
     """Exact softmax attention, O(seq) memory, differentiable, as FlashAttention computes it.
 
     Args:
@@ -33,6 +33,9 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
         i + seq_k - seq_q - left <= j <= i + seq_k - seq_q + right; -1 leaves that side unbounded
         (default (-1, -1): no window). With causal, right is capped at 0. Key blocks outside the window
         are skipped, so the cost grows with seq * window, not seq^2.
+      softcap: > 0 caps the logits: s = softcap * tanh(scale * q.k / softcap) (0: off). A static number.
+      alibi_slopes: (heads_q,) or (batch, heads_q) float: ALiBi, logits -= slope * |i + seq_k - seq_q - j|.
+        Treated as constants (zero gradient), as in FlashAttention.
       return_lse: also return the logsumexp of the scaled logits, (batch, heads, seq_q) float32,
         natural log; it is differentiable too.
       implementation: "triton" (GPU: CUDA or ROCm), "interpret" (the same Triton kernels in Triton's
@@ -51,6 +54,8 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     _check_flag("causal", causal)
     _check_flag("return_lse", return_lse)
     window = _check_window(window_size)
+    softcap = _check_softcap(softcap)
+    slopes = _check_slopes(alibi_slopes, q.shape[0], q.shape[2])
     scale = _check_scale(softmax_scale, q.shape[-1])
     impl = _choose_implementation(implementation)
 
@@ -59,11 +64,14 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
         out = jnp.zeros_like(q)
         lse = jnp.full((b, h, sq), -jnp.inf, jnp.float32)
     elif impl == "xla":
-        out, lse = reference.attention(q, k, v, causal=causal, softmax_scale=scale, window_size=window)
+        out, lse = reference.attention(q, k, v, causal=causal, softmax_scale=scale, window_size=window,
+                                       softcap=softcap, alibi_slopes=slopes)
     else:
         _check_kernel_limits(q, k)
-        out, lse = flash_attention(q, k, v, Options(causal=causal, softmax_scale=scale, implementation=impl,
-                                                    window=window))
+        opts = Options(causal=causal, softmax_scale=scale, implementation=impl, window=window, softcap=softcap,
+                       alibi=slopes is not None)
+        dummy = jnp.zeros((b, h), jnp.float32)  # the kernels always take a slopes operand
+        out, lse = flash_attention(q, k, v, dummy if slopes is None else slopes, opts)
     return (out, lse) if return_lse else out
 
 
@@ -116,6 +124,29 @@ def _check_window(window_size) -> tuple[int, int]:
     if min(window_size) < -1:
         raise ValueError(f"window_size values must be >= 0, or -1 for unbounded; got {tuple(window_size)}")
     return int(window_size[0]), int(window_size[1])
+
+
+def _check_softcap(softcap) -> float:
+    if isinstance(softcap, jax.core.Tracer) or not isinstance(softcap, Real) or isinstance(softcap, bool):
+        raise TypeError(f"softcap must be a static Python number; got {type(softcap).__name__}")
+    if not (math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be a finite number >= 0 (0 turns it off); got {softcap}")
+    return float(softcap)
+
+
+def _check_slopes(alibi_slopes, batch: int, heads: int):
+    """None, or the slopes as a (batch, heads) float32 array."""
+    if alibi_slopes is None:
+        return None
+    if not hasattr(alibi_slopes, "shape") or not hasattr(alibi_slopes, "dtype"):
+        raise TypeError(f"alibi_slopes must be an array of shape (heads_q,) or (batch, heads_q); "
+                        f"got {type(alibi_slopes).__name__}")
+    if not jnp.issubdtype(alibi_slopes.dtype, jnp.floating):
+        raise TypeError(f"alibi_slopes must be a floating array; got {alibi_slopes.dtype}")
+    if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+        raise ValueError(f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}) (heads_q,) or "
+                         f"(batch, heads_q); got {tuple(alibi_slopes.shape)}")
+    return jnp.broadcast_to(jnp.asarray(alibi_slopes, jnp.float32), (batch, heads))
 
 
 def _check_scale(softmax_scale, head_dim: int) -> float:

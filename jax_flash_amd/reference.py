@@ -30,17 +30,24 @@ def visible(seq_q: int, seq_k: int, causal: bool, window: tuple[int, int] = (-1,
 
 
 def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
-              window_size: tuple[int, int] = (-1, -1)):
+              window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None):
     """(out, lse) for q (B, Sq, H, D), k/v (B, Sk, H_kv, D) with H a multiple of H_kv (grouped-query
     attention: query head h uses key/value head h // (H // H_kv)); lse (B, H, Sq) float32, natural log.
 
-    A query row that sees no key gives out = 0 and lse = -inf, with zero gradients.
+    A query row that sees no key gives out = 0 and lse = -inf, with zero gradients. softcap > 0: logits
+    softcap * tanh(logits / softcap); alibi_slopes (B, H) float32: logits -= slope * |i + Sk - Sq - j|.
     """
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     group = q.shape[2] // k.shape[2]
     if group > 1:  # the O(N^2) reference may copy K/V per query head; the kernels do not
         k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32, precision=_HIGHEST) * scale
+    if softcap > 0:
+        s = softcap * jnp.tanh(s / softcap)
+    if alibi_slopes is not None:
+        sq, sk = q.shape[1], k.shape[1]
+        dist = jnp.abs(jnp.arange(sq)[:, None] + (sk - sq) - jnp.arange(sk)[None, :]).astype(jnp.float32)
+        s = s - jax.lax.stop_gradient(alibi_slopes)[:, :, None, None] * dist
     s = jnp.where(visible(q.shape[1], k.shape[1], causal, window_size), s, -jnp.inf)
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1))
     m = jnp.where(jnp.isfinite(m), m, 0.0)  # empty rows: exp(-inf - 0) = 0, no NaN

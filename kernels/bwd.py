@@ -10,7 +10,7 @@ still no atomics).
 import triton
 import triton.language as tl
 
-from .fwd import LOG2E
+from .scores import LOG2E, logits2
 from .masking import (head_start, key_blocks, load_tile, query_blocks, span_block, span_blocks, store_tile,
                       visible)
 
@@ -43,8 +43,9 @@ def _load_row_stats(Lse, Delta, row0, offs_m, seq_q):
 
 @triton.jit
 def _dkdv_inner(dk, dv, k, v, q_base, do_base, Lse, Delta, row0, lo, hi, lo2, hi2, offs_n, seq_q, seq_k,
-                lo_off, hi_off, qk_scale, STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_M: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr):
+                lo_off, hi_off, sm_scale, softcap, slope, STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
+                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
     """Query blocks of [lo, hi) then [lo2, hi2)."""
     offs_d = tl.arange(0, BLOCK_D)
     for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_M)):
@@ -54,20 +55,28 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, Lse, Delta, row0, lo, hi, lo2, hi
         do = load_tile(do_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BM, BD]
         lse2, delta = _load_row_stats(Lse, Delta, row0, offs_m, seq_q)
         s_t = tl.dot(k, tl.trans(q), input_precision="ieee")  # [BN, BM] fp32
-        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
+        if SOFTCAP or ALIBI:
+            s_t, dlogit_t = logits2(s_t, offs_m[None, :], offs_n[:, None], seq_k - seq_q, sm_scale, softcap, slope,
+                                    SOFTCAP, ALIBI)
+            p_t = tl.math.exp2(s_t - lse2[None, :])
+        else:
+            p_t = tl.math.exp2(s_t * (sm_scale * LOG2E) - lse2[None, :])
         if MASKED:
             p_t = tl.where(visible(offs_m[None, :], offs_n[:, None], seq_q, seq_k, lo_off, hi_off, BANDED), p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")
         dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")  # [BN, BM]
         ds_t = p_t * (dp_t - delta[None, :])
+        if SOFTCAP:
+            ds_t = ds_t * dlogit_t  # through softcap's tanh
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision="ieee")
     return dk, dv
 
 
 @triton.jit
-def attn_bwd_dkdv(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, lo_off, hi_off, dK, dV,
+def attn_bwd_dkdv(Q, K, V, Slopes, dOut, Lse, Delta, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, dK, dV,
                   H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
+                  ALIBI: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)  # batch * KV_H
     b = bh // KV_H
@@ -78,7 +87,6 @@ def attn_bwd_dkdv(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, lo_off, hi_
     kv_base = head_start(b, h_kv, seq_k, KV_H, HEAD_DIM)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    qk_scale = sm_scale * LOG2E
 
     k = load_tile(K + kv_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BN, BD]
     v = load_tile(V + kv_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BN, BD]
@@ -90,12 +98,15 @@ def attn_bwd_dkdv(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, lo_off, hi_
         h = h_kv * GROUP + g
         q_base = head_start(b, h, seq_q, H, HEAD_DIM)
         row0 = (b * H + h).to(tl.int64) * seq_q
+        slope = 0.0
+        if ALIBI:
+            slope = tl.load(Slopes + b * H + h)
         dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, full_begin, full_end,
-                             full_end, full_end, offs_n, seq_q, seq_k, lo_off, hi_off, qk_scale, STRIDE, HEAD_DIM,
-                             BLOCK_D, BLOCK_M, BANDED, False)
+                             full_end, full_end, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
+                             STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, BANDED, False, SOFTCAP, ALIBI)
         dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, begin, full_begin, full_end,
-                             end, offs_n, seq_q, seq_k, lo_off, hi_off, qk_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M,
-                             BANDED, True)
+                             end, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, STRIDE, HEAD_DIM,
+                             BLOCK_D, BLOCK_M, BANDED, True, SOFTCAP, ALIBI)
 
     store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
     store_tile(dV + kv_base, dv, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
@@ -103,8 +114,9 @@ def attn_bwd_dkdv(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, lo_off, hi_
 
 @triton.jit
 def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q, seq_k, lo_off, hi_off,
-              qk_scale, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-              BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr):
+              sm_scale, softcap, slope, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
+              ALIBI: tl.constexpr):
     """Key blocks of [lo, hi) then [lo2, hi2)."""
     offs_d = tl.arange(0, BLOCK_D)
     for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
@@ -113,19 +125,27 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, offs_m, 
         k = load_tile(k_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
         v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
         s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BM, BN] fp32
-        p = tl.math.exp2(s * qk_scale - lse2[:, None])
+        if SOFTCAP or ALIBI:
+            s, dlogit = logits2(s, offs_m[:, None], offs_n[None, :], seq_k - seq_q, sm_scale, softcap, slope,
+                                SOFTCAP, ALIBI)
+            p = tl.math.exp2(s - lse2[:, None])
+        else:
+            p = tl.math.exp2(s * (sm_scale * LOG2E) - lse2[:, None])
         if MASKED:
             p = tl.where(visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, lo_off, hi_off, BANDED), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # [BM, BN]
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * dlogit  # through softcap's tanh
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
     return dq
 
 
 @triton.jit
-def attn_bwd_dq(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, lo_off, hi_off, dQ,
+def attn_bwd_dq(Q, K, V, Slopes, dOut, Lse, Delta, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, dQ,
                 H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
+                ALIBI: tl.constexpr):
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // H
@@ -135,7 +155,9 @@ def attn_bwd_dq(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, lo_off, hi_of
     kv_base = head_start(b, h // (H // KV_H), seq_k, KV_H, HEAD_DIM)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    qk_scale = sm_scale * LOG2E
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(Slopes + bh)
 
     q = load_tile(Q + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
     do = load_tile(dOut + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
@@ -145,7 +167,9 @@ def attn_bwd_dq(Q, K, V, dOut, Lse, Delta, sm_scale, seq_q, seq_k, lo_off, hi_of
     start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, BLOCK_M, BLOCK_N, BANDED)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, full_start, full_end, full_end, full_end,
-                   offs_m, seq_q, seq_k, lo_off, hi_off, qk_scale, STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, False)
+                   offs_m, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, STRIDE_KV, HEAD_DIM, BLOCK_D,
+                   BLOCK_N, BANDED, False, SOFTCAP, ALIBI)
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, start, full_start, full_end, end,
-                   offs_m, seq_q, seq_k, lo_off, hi_off, qk_scale, STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, True)
+                   offs_m, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, STRIDE_KV, HEAD_DIM, BLOCK_D,
+                   BLOCK_N, BANDED, True, SOFTCAP, ALIBI)
     store_tile(dQ + q_base, dq * sm_scale, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, BLOCK_D != HEAD_DIM)

@@ -9,15 +9,14 @@ import triton
 import triton.language as tl
 
 from .masking import head_start, key_blocks, load_tile, span_block, span_blocks, store_tile, visible
-
-LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
+from .scores import LN2, LOG2E, logits2
 
 
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q, seq_k, lo_off, hi_off,
-               qk_scale, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr):
+               sm_scale, softcap, slope, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
+               ALIBI: tl.constexpr):
     """Key blocks of [lo, hi) then [lo2, hi2)."""
     offs_d = tl.arange(0, BLOCK_D)
     for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
@@ -25,6 +24,12 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
         s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BM, BN] fp32
+        if SOFTCAP or ALIBI:
+            s, _ = logits2(s, offs_m[:, None], offs_n[None, :], seq_k - seq_q, sm_scale, softcap, slope,
+                           SOFTCAP, ALIBI)
+            qk_scale = 1.0  # s is in base-2 logit units already
+        else:
+            qk_scale = sm_scale * LOG2E
         if MASKED:
             s = tl.where(visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, lo_off, hi_off, BANDED), s * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -44,10 +49,12 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q
 
 
 @triton.jit
-def attn_fwd(Q, K, V, sm_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse,
+def attn_fwd(Q, K, V, Slopes, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, Out, Lse,
              H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr):
-    """lo_off / hi_off / BANDED: the visible band (masking.py)."""
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
+             ALIBI: tl.constexpr):
+    """lo_off / hi_off / BANDED: the visible band (masking.py); softcap / SOFTCAP and Slopes (batch, H)
+    fp32 / ALIBI: logit modifiers (scores.py)."""
     # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
@@ -62,7 +69,9 @@ def attn_fwd(Q, K, V, sm_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse,
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
-    qk_scale = sm_scale * LOG2E
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(Slopes + bh)
     q = load_tile(q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -71,11 +80,11 @@ def attn_fwd(Q, K, V, sm_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse,
     start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, BLOCK_M, BLOCK_N, BANDED)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, full_start, full_end, full_end, full_end, offs_m,
-                               seq_q, seq_k, lo_off, hi_off, qk_scale, STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, BANDED,
-                               False)
+                               seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, STRIDE_KV, HEAD_DIM, BLOCK_D,
+                               BLOCK_N, BANDED, False, SOFTCAP, ALIBI)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, full_start, full_end, end, offs_m,
-                               seq_q, seq_k, lo_off, hi_off, qk_scale, STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, BANDED,
-                               True)
+                               seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, STRIDE_KV, HEAD_DIM, BLOCK_D,
+                               BLOCK_N, BANDED, True, SOFTCAP, ALIBI)
 
     # rows that saw no key: output 0, lse -inf
     empty = l_i == 0.0

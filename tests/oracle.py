@@ -6,7 +6,7 @@ def _f64(x):
     return np.asarray(np.asarray(x).astype(np.float32), np.float64)
 
 
-def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None, window=(-1, -1)):
+def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, alibi=None):
     """Returns dict(out, lse, dq, dk, dv) in float64 for cotangents dout (and dlse, default 0)."""
     q, k, v, dout = map(_f64, (q, k, v, dout))
     group = q.shape[2] // k.shape[2]  # grouped-query attention: each key/value head serves `group` query heads
@@ -14,6 +14,13 @@ def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None, window=(-1,
     sq, sk = q.shape[1], k.shape[1]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    dcap = 1.0
+    if softcap > 0:  # s = c tanh(x / c); ds/dx = 1 - tanh^2
+        t = np.tanh(s / softcap)
+        s, dcap = softcap * t, 1.0 - t * t
+    if alibi is not None:
+        dist = np.abs(np.arange(sq)[:, None] + sk - sq - np.arange(sk)[None, :])
+        s = s - np.asarray(alibi, np.float64)[:, :, None, None] * dist
     left, right = window
     if causal:
         right = 0 if right < 0 else min(right, 0)
@@ -33,7 +40,7 @@ def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None, window=(-1,
     dv = np.einsum("bhqk,bqhd->bkhd", p, dout)
     dp = np.einsum("bqhd,bkhd->bhqk", dout, v)
     delta = np.einsum("bqhd,bqhd->bhq", dout, out)
-    ds = p * (dp - delta[..., None] + dlse[..., None])
+    ds = p * (dp - delta[..., None] + dlse[..., None]) * dcap
     dq = np.einsum("bhqk,bkhd->bqhd", ds, k) * scale
     dk = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
     b, _, h, d = dk.shape

@@ -72,12 +72,13 @@ def _install_stand_ins(arch_details):
     triton_lib.compile_ttir_to_hsaco_inplace = recording_compile
 
 
-def export_forward_backward(arch: str, head_dim: int, dtype, causal: bool, kv_heads: int):
+def export_forward_backward(arch: str, head_dim: int, dtype, causal: bool, kv_heads: int, variants: bool):
     _triton.target = lambda: arch  # the arch a ROCm device would report
-    opts = Options(causal=causal, softmax_scale=head_dim ** -0.5, implementation="triton")
+    extra = dict(window=(32, 8), softcap=30.0, alibi=True) if variants else {}
+    opts = Options(causal=causal, softmax_scale=head_dim ** -0.5, implementation="triton", **extra)
 
-    def fwd_bwd(q, k, v, dout, dlse):
-        (out, lse), vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, opts), q, k, v)
+    def fwd_bwd(q, k, v, dout, dlse, slopes):
+        (out, lse), vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, slopes, opts), q, k, v)
         return out, lse, vjp((dout, dlse))
 
     x = jax.ShapeDtypeStruct((2, 300, 4, head_dim), dtype)
@@ -85,7 +86,7 @@ def export_forward_backward(arch: str, head_dim: int, dtype, causal: bool, kv_he
     lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
     # jax-triton's custom call has no export stability guarantee; that is irrelevant to lowering it
     unchecked = [jax.export.DisabledSafetyCheck.custom_call(triton_lib.CUSTOM_CALL_TARGET_NAME)]
-    exported = jax.export.export(jax.jit(fwd_bwd), platforms=["rocm"], disabled_checks=unchecked)(x, kv, kv, x, lse)
+    exported = jax.export.export(jax.jit(fwd_bwd), platforms=["rocm"], disabled_checks=unchecked)(x, kv, kv, x, lse, jax.ShapeDtypeStruct((2, 4), jnp.float32))
     return exported.mlir_module().count("triton_kernel_call")
 
 
@@ -97,10 +98,11 @@ def main():
     _install_stand_ins("unset")
     for arch in archs:
         triton_lib.triton_kernel_call_lib.get_arch_details = lambda device, a=arch: f"{a}:sramecc+:xnack-"
-        # D 128 bf16 causal; D 64 fp16 non-causal with grouped-query heads (4 query, 2 key/value)
+        # D 128 bf16 causal; D 64 fp16 non-causal with every variant: grouped-query heads (4 query,
+        # 2 key/value), a sliding window, softcap and ALiBi
         for head_dim, dtype, causal, kv_heads in ((128, jnp.bfloat16, True, 4), (64, jnp.float16, False, 2)):
             start = len(compiled)
-            calls = export_forward_backward(arch, head_dim, dtype, causal, kv_heads)
+            calls = export_forward_backward(arch, head_dim, dtype, causal, kv_heads, variants=kv_heads < 4)
             for row in compiled[start:]:
                 kernel = row["kernel"]
                 name = {"attn_fwd": "fwd", "attn_bwd_preprocess": "preprocess", "attn_bwd_dkdv": "dkdv",

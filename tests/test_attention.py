@@ -11,11 +11,15 @@ from helpers import KERNEL_IMPLS, assert_close, inputs, run
 DTYPES = [jnp.float16, jnp.bfloat16, jnp.float32]
 
 
-def _check(impl, b, sq, sk, h, d, dtype, causal, seed=0, q_scale=1.0, scale=None, h_kv=None, window=(-1, -1)):
+def _check(impl, b, sq, sk, h, d, dtype, causal, seed=0, q_scale=1.0, scale=None, h_kv=None, window=(-1, -1),
+           softcap=0.0, alibi=None):
     q, k, v, dout, dlse = inputs((b, sq, h, d), (b, sk, h_kv or h, d), dtype, seed, q_scale)
-    got = run(impl, q, k, v, dout, dlse, causal=causal, softmax_scale=scale, window_size=window)
-    base = run("xla", q, k, v, dout, dlse, causal=causal, softmax_scale=scale, window_size=window)
-    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, scale=scale, window=window)
+    kw = dict(causal=causal, softmax_scale=scale, window_size=window, softcap=softcap, alibi_slopes=alibi)
+    got = run(impl, q, k, v, dout, dlse, **kw)
+    base = run("xla", q, k, v, dout, dlse, **kw)
+    slopes = None if alibi is None else np.broadcast_to(np.asarray(alibi, np.float64), (b, h))
+    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, scale=scale, window=window, softcap=softcap,
+                           alibi=slopes)
     assert_close(got, ref, base, dtype)
     for name, x in (("out", q), ("dq", q), ("dk", k), ("dv", v)):
         assert got[name].shape == x.shape and got[name].dtype == x.dtype, name
@@ -70,6 +74,32 @@ def test_sliding_window(impl, causal, sq, sk, window):
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_window_with_grouped_query_heads(impl):
     _check(impl, 2, 120, 120, 4, 32, jnp.bfloat16, causal=True, h_kv=2, window=(31, 0), seed=7)
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("softcap,q_scale", [(5.0, 1.0), (2.0, 8.0)], ids=["cap5", "cap2-saturated"])
+def test_softcap(impl, dtype, causal, softcap, q_scale):
+    # large logits push tanh into saturation, where its derivative (1 - tanh^2) matters in the backward
+    _check(impl, 2, 113, 90, 2, 40, dtype, causal=causal, softcap=softcap, q_scale=q_scale, seed=int(softcap))
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("per_batch", [False, True], ids=["heads", "batch-heads"])
+def test_alibi(impl, causal, per_batch):
+    slopes = np.array([0.5, 0.0625, 0.25], np.float32)
+    if per_batch:
+        slopes = np.stack([slopes, slopes[::-1] * 2])
+    _check(impl, 2, 97, 150, 3, 32, jnp.float16, causal=causal, alibi=jnp.asarray(slopes), seed=5)
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_every_variant_together(impl):
+    slopes = jnp.array([0.3, 0.1, 0.2, 0.05], jnp.float32)
+    _check(impl, 2, 140, 101, 4, 48, jnp.bfloat16, causal=True, h_kv=2, window=(37, 0), softcap=8.0, alibi=slopes,
+           seed=11)
 
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)

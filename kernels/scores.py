@@ -1,0 +1,29 @@
+"""The logits a program computes from a tile of q.k, written once for the forward and both backward
+kernels: scaling, softcap (s = softcap * tanh(scale * q.k / softcap)) and ALiBi (s -= slope *
+|i + seq_k - seq_q - j|), in base 2 for exp2, and the factor the backward applies to dS."""
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _tanh(x):
+    # portable (no libdevice): 1 - 2 / (e^(2x) + 1); exact limits at +-inf, absolute error ~1e-7
+    return 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def logits2(qk, q_idx, k_idx, diag, sm_scale, softcap, slope, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+    """(log2(e) * logits, d logits / d(scale * q.k)) for a fp32 tile qk = q.k; q_idx / k_idx broadcast
+    to its shape. The second is 1 - tanh^2 with softcap (1.0 otherwise)."""
+    x = qk * sm_scale
+    grad = 1.0
+    if SOFTCAP:
+        t = _tanh(x / softcap)
+        x = softcap * t
+        grad = 1.0 - t * t
+    if ALIBI:
+        x = x - slope * tl.abs(q_idx + diag - k_idx).to(tl.float32)
+    return x * LOG2E, grad
