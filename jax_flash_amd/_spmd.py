@@ -30,9 +30,10 @@ _WHOLE = ("s", "d", "t")  # factors a device must hold entirely (in order of fir
 def wrap(fn, rule: str, group: int = 1, partition: bool = True):
     """fn(*arrays) -> tuple of arrays, with the vmap and (if partition) sharding rules above. Every
     array's axis 0 is the batch; (batch, seq, heads, head_dim) arrays have heads at axis 2, (batch,
-    heads, seq) at 1, (batch, heads) slopes at 1; group: query heads per key/value head. partition=False for host-callback bodies (the interpreter): JAX frees callbacks
-    lowered inside a custom_partitioning rule too early (jax-ml/jax#23620, a crash), so those run
-    unpartitioned (XLA gathers their operands)."""
+    heads, seq) at 1, (batch, heads) slopes at 1; group: query heads per key/value head.
+    partition=False for host-callback bodies (the interpreter): JAX frees callbacks lowered inside a
+    custom_partitioning rule too early (jax-ml/jax#23620, a crash), so those run unpartitioned (XLA
+    gathers their operands)."""
     if partition:
         sizes = {"g": group} if group > 1 else {}
         if group == 1:  # Shardy refuses a compound factor of size 1

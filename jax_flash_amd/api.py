@@ -152,7 +152,8 @@ def _check_slopes(alibi_slopes, batch: int, heads: int):
 def _check_scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
-    if isinstance(softmax_scale, jax.core.Tracer) or not isinstance(softmax_scale, Real) or isinstance(softmax_scale, bool):
+    if (isinstance(softmax_scale, jax.core.Tracer) or not isinstance(softmax_scale, Real)
+            or isinstance(softmax_scale, bool)):
         raise TypeError(f"softmax_scale must be a static Python number or None; got {type(softmax_scale).__name__}")
     scale = float(softmax_scale)
     if not (math.isfinite(scale) and scale > 0):

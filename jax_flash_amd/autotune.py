@@ -10,10 +10,10 @@ head width). With autotuning on, the first call for a key times each candidate o
 The key is (target, kernel, head width, dtype, causal, length bucket): sequence lengths fall into a few
 coarse buckets (``BUCKETS``), so a new length in a known bucket reuses the choice instead of re-tuning
 (and recompiling) per length. Tuning runs the candidates eagerly while the caller is being traced, so
-the first trace of a new key takes seconds to minutes (one Triton compile per candidate); ``table()``
+the first trace of a new key takes seconds to minutes (one Triton compile per candidate). ``table()``
 lists the choices, ``forget()`` drops them, and the logger ``jax_flash_amd.autotune`` at INFO level
-prints every candidate's time (a config sweep: that is how kernels/configs.py's defaults are chosen). The forward is tuned on the first forward, dK/dV and dQ on
-the first backward.
+prints every candidate's time (a config sweep: that is how kernels/configs.py's defaults are chosen).
+The forward is tuned on the first forward, dK/dV and dQ on the first backward.
 """
 from __future__ import annotations
 

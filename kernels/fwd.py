@@ -31,7 +31,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q
         else:
             qk_scale = sm_scale * LOG2E
         if MASKED:
-            s = tl.where(visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, lo_off, hi_off, BANDED), s * qk_scale, float("-inf"))
+            seen = visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, lo_off, hi_off, BANDED)
+            s = tl.where(seen, s * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)

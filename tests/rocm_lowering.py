@@ -86,7 +86,9 @@ def export_forward_backward(arch: str, head_dim: int, dtype, causal: bool, kv_he
     lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
     # jax-triton's custom call has no export stability guarantee; that is irrelevant to lowering it
     unchecked = [jax.export.DisabledSafetyCheck.custom_call(triton_lib.CUSTOM_CALL_TARGET_NAME)]
-    exported = jax.export.export(jax.jit(fwd_bwd), platforms=["rocm"], disabled_checks=unchecked)(x, kv, kv, x, lse, jax.ShapeDtypeStruct((2, 4), jnp.float32))
+    slopes = jax.ShapeDtypeStruct((2, 4), jnp.float32)
+    exported = jax.export.export(jax.jit(fwd_bwd), platforms=["rocm"], disabled_checks=unchecked)(x, kv, kv, x, lse,
+                                                                                                  slopes)
     return exported.mlir_module().count("triton_kernel_call")
 
 
