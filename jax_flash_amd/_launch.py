@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_flash_amd import reference
 from jax_flash_amd.kernels import bwd, configs, fwd, masking
 
 
@@ -60,9 +61,7 @@ def _cdiv(a: int, b: int) -> int:
 def band(causal: bool, window: tuple[int, int], seq_q: int, seq_k: int) -> tuple[bool, int, int]:
     """(BANDED, lo_off, hi_off) of kernels/masking.py: query i sees key j iff i + lo_off <= j <= i + hi_off.
     window = (left, right), -1 unbounded; causal caps right at 0 (FlashAttention's convention)."""
-    left, right = window
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
+    left, right = reference.band_edges(causal, window)
     diag = seq_k - seq_q
     unbounded = masking.UNBOUNDED.value
     lo_off = diag - left if left >= 0 else -unbounded

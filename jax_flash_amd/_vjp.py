@@ -8,7 +8,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jax_flash_amd import _launch, _spmd, autotune
+from jax_flash_amd import _launch, _spmd, autotune, reference
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Options:
 
     @property
     def banded(self) -> bool:
-        return self.causal or self.window != (-1, -1)
+        return max(reference.band_edges(self.causal, self.window)) >= 0
 
 
 def _backend(opts: Options):

@@ -105,8 +105,9 @@ def _check_arrays(q, k, v):
 def _check_kernel_limits(q, k) -> None:
     # the kernels address rows within one batch element with 32-bit offsets (seq * heads * head_dim)
     for name, x in (("q", q), ("k", k)):
-        if x.shape[1] * x.shape[2] * x.shape[3] >= 2**31:
-            raise ValueError(f"{name} has {x.shape[1] * x.shape[2] * x.shape[3]} elements per batch entry "
+        per_batch = x.shape[1] * x.shape[2] * x.shape[3]
+        if per_batch >= 2**31:
+            raise ValueError(f"{name} has {per_batch} elements per batch entry "
                              f"(seq * heads * head_dim); the kernels support fewer than 2**31. Split the heads "
                              f"over several calls, or use implementation='xla'.")
 

@@ -13,12 +13,18 @@ import jax.numpy as jnp
 _HIGHEST = jax.lax.Precision.HIGHEST  # float32 inputs: true fp32 dots, not TF32
 
 
-def visible(seq_q: int, seq_k: int, causal: bool, window: tuple[int, int] = (-1, -1)) -> jax.Array:
-    """(seq_q, seq_k) bool: query i sees key j. Bottom-right aligned like FlashAttention: with
-    diag = seq_k - seq_q, i + diag - left <= j <= i + diag + right (-1: unbounded); causal: right <= 0."""
+def band_edges(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
+    """(left, right) of the visible band, -1 unbounded: causal caps right at 0 (FlashAttention's rule)."""
     left, right = window
     if causal:
         right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def visible(seq_q: int, seq_k: int, causal: bool, window: tuple[int, int] = (-1, -1)) -> jax.Array:
+    """(seq_q, seq_k) bool: query i sees key j. Bottom-right aligned like FlashAttention: with
+    diag = seq_k - seq_q, i + diag - left <= j <= i + diag + right (-1: unbounded); causal: right <= 0."""
+    left, right = band_edges(causal, window)
     i = jnp.arange(seq_q)[:, None] + (seq_k - seq_q)
     j = jnp.arange(seq_k)[None, :]
     ok = jnp.ones((seq_q, seq_k), bool)
