@@ -243,6 +243,15 @@ def plot(rows: list[dict], path: str, title: str) -> bool:
     return True
 
 
+def save(base: str, data, md: str) -> None:
+    """base.json (the data) and base.md (the report), and the report on stdout."""
+    with open(base + ".json", "w") as fh:
+        json.dump(data, fh, indent=1)
+    with open(base + ".md", "w") as fh:
+        fh.write(md)
+    print(md)
+
+
 def write_reports(rows: list[dict], json_path: str, title: str) -> None:
     base = os.path.splitext(json_path)[0]
     with open(base + ".md", "w") as fh:

@@ -1,9 +1,24 @@
 """jax_flash_amd: FlashAttention for JAX as Triton kernels, for AMD Instinct (ROCm) and NVIDIA GPUs.
 
     out = jax_flash_amd.attention(q, k, v, causal=True)   # q, k, v: (batch, seq, heads, head_dim)
+    layer = jax_flash_amd.FlashSelfAttention(num_heads=16, causal=True)   # flax.linen
+    layer = jax_flash_amd.nnx.FlashSelfAttention(16, 1024, causal=True, rngs=nnx.Rngs(0))   # flax.nnx
 """
-from jax_flash_amd.api import attention
+from jax_flash_amd.api import attention, flash_attn_func
+from jax_flash_amd.attention_fn import flash_attention_fn
 from jax_flash_amd import autotune, reference
 
-__all__ = ["attention", "autotune", "reference"]
+__all__ = ["FlashSelfAttention", "attention", "autotune", "flash_attention_fn", "flash_attn_func", "nnx",
+           "reference"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # the modules import flax, an optional dependency: only when asked for
+    if name == "FlashSelfAttention":
+        from jax_flash_amd.linen import FlashSelfAttention
+        return FlashSelfAttention
+    if name == "nnx":
+        import importlib
+        return importlib.import_module("jax_flash_amd.nnx")
+    raise AttributeError(f"module 'jax_flash_amd' has no attribute {name!r}")

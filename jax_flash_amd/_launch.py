@@ -7,6 +7,7 @@ jax-triton's convention: inputs (arrays and scalars), then outputs, then constex
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -40,13 +41,17 @@ def config_width(head_dim: int, dtype) -> int:
     return block_d(head_dim) * jnp.dtype(dtype).itemsize // 2
 
 
-def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None) -> tuple[dict, dict]:
+def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, dropout: bool = False
+                ) -> tuple[dict, dict]:
     """(block constexprs, compiler options): rows[kernel] when given (autotuning), else the heuristic
-    default, the first configs.TARGETS row whose max_block_d covers the head."""
+    default, the first configs.TARGETS row whose max_block_d covers the head (the "<kernel>+dropout"
+    rows with dropout, where the target has them)."""
     row = (rows or {}).get(kernel)
     if row is None:
         width = config_width(head_dim, dtype)
-        row = next((r for r in configs.TARGETS[target][kernel] if r["max_block_d"] >= width), None)
+        table = configs.TARGETS[target]
+        candidates = table.get(f"{kernel}+dropout", table[kernel]) if dropout else table[kernel]
+        row = next((r for r in candidates if r["max_block_d"] >= width), None)
         if row is None:
             raise ValueError(f"no {kernel} config for head_dim={head_dim}, dtype={dtype} on {target}")
     blocks = {k: v for k, v in row.items() if k.startswith("BLOCK_")}
@@ -69,45 +74,96 @@ def band(causal: bool, window: tuple[int, int], seq_q: int, seq_k: int) -> tuple
     return left >= 0 or right >= 0, lo_off, hi_off
 
 
-def _slopes(slopes, b: int, h: int):
-    """(ALIBI, a (batch, heads) float32 array for the kernels' Slopes argument; a dummy when None)."""
-    if slopes is None:
-        return False, jnp.zeros((b, h), jnp.float32)
-    return True, slopes
+def segment_ranges(ids, other_ids, block: int) -> jax.Array:
+    """(batch, blocks, 2) int32: for each block of `block` positions of ids (batch, seq), the range
+    [lo, hi) of positions of other_ids (batch, seq_other) whose id can equal one in the block. Exact
+    when other_ids is sorted along each row (the usual packing; ids need not be); the whole range
+    otherwise. The kernels skip the blocks outside it (masking.segment_span)."""
+    b, seq = ids.shape
+    n = _cdiv(seq, block)
+    info = jnp.iinfo(jnp.int32)
+    pad = ((0, 0), (0, n * block - seq))
+    lowest = jnp.pad(ids, pad, constant_values=info.max).reshape(b, n, block).min(-1)
+    highest = jnp.pad(ids, pad, constant_values=info.min).reshape(b, n, block).max(-1)
+    def find(side, values):
+        return jax.vmap(functools.partial(jnp.searchsorted, side=side, method="scan_unrolled"))(other_ids, values)
+
+    lo, hi = find("left", lowest), find("right", highest)
+    ordered = jnp.all(other_ids[:, 1:] >= other_ids[:, :-1], axis=1)[:, None]
+    lo = jnp.where(ordered, lo, 0)
+    hi = jnp.where(ordered, hi, other_ids.shape[1])
+    return jnp.stack([lo, hi], axis=-1).astype(jnp.int32)
 
 
-def _common(q, k, banded: bool, softcap: float, alibi: bool) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """The optional operands of one call: ALiBi slopes (batch, heads) float32, dropout Philox keys
+    (batch, heads, 2) uint32 with dropout_p, segment ids (batch, seq_q) / (batch, seq_k) int32. None:
+    off (the kernels then get small dummies their constexprs tell them not to read)."""
+    slopes: Any = None
+    seeds: Any = None
+    dropout_p: float = 0.0
+    q_segment_ids: Any = None
+    kv_segment_ids: Any = None
+
+    def operands(self, b: int, h: int) -> tuple:
+        """(Slopes, Seeds, QSeg, KSeg) kernel arguments."""
+        dummy = jnp.zeros((1,), jnp.int32)
+        return (jnp.zeros((1,), jnp.float32) if self.slopes is None else self.slopes,
+                dummy if self.seeds is None else jax.lax.bitcast_convert_type(self.seeds, jnp.int32),
+                dummy if self.q_segment_ids is None else self.q_segment_ids,
+                dummy if self.kv_segment_ids is None else self.kv_segment_ids)
+
+    def ranges(self, query_side: bool, block: int):
+        """segment_ranges of query blocks (query_side) or key blocks; a dummy without segment ids."""
+        if self.q_segment_ids is None:
+            return jnp.zeros((1,), jnp.int32)
+        ids, other = self.q_segment_ids, self.kv_segment_ids
+        return segment_ranges(ids, other, block) if query_side else segment_ranges(other, ids, block)
+
+    @property
+    def drop_threshold(self) -> int:
+        return reference.dropout_threshold(self.dropout_p) if self.dropout_p > 0 else 0
+
+    @property
+    def keep_scale(self) -> np.float32:
+        return np.float32(1.0 / (1.0 - self.dropout_p))
+
+
+def _common(q, k, banded: bool, softcap: float, variant: Variant) -> dict[str, Any]:
     return dict(H=q.shape[2], KV_H=k.shape[2], HEAD_DIM=q.shape[3], BLOCK_D=block_d(q.shape[3]), BANDED=banded,
-                SOFTCAP=softcap > 0, ALIBI=alibi)
+                SOFTCAP=softcap > 0, ALIBI=variant.slopes is not None,
+                SEGMENTS=variant.q_segment_ids is not None, DROP_THRESHOLD=variant.drop_threshold)
 
 
-def forward(run: Run, target: str, q, k, v, slopes=None, *, causal: bool, scale: float, window=(-1, -1),
-            softcap: float = 0.0, rows=None):
-    """(out, lse): out like q, lse (batch, heads, seq_q) float32, natural log. slopes: ALiBi slopes
-    (batch, heads) float32 or None. rows: {kernel: config row} overriding the defaults (autotuning)."""
+def forward(run: Run, target: str, q, k, v, variant: Variant = Variant(), *, causal: bool, scale: float,
+            window=(-1, -1), softcap: float = 0.0, rows=None):
+    """(out, lse): out like q, lse (batch, heads, seq_q) float32, natural log. variant: the optional
+    operands (Variant). rows: {kernel: config row} overriding the defaults (autotuning)."""
     b, sq, h, _ = q.shape
-    alibi, slopes = _slopes(slopes, b, h)
     banded, lo_off, hi_off = band(causal, window, sq, k.shape[1])
-    blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows)
+    blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows, variant.dropout_p > 0)
     out, lse = run(Launch(
         kernel=fwd.attn_fwd,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
-        args=(q, k, v, slopes, np.float32(scale), np.float32(softcap), sq, k.shape[1], lo_off, hi_off),
+        args=(q, k, v, *variant.operands(b, h), variant.ranges(True, blocks["BLOCK_M"]), np.float32(scale),
+              np.float32(softcap), variant.keep_scale, sq, k.shape[1], lo_off, hi_off),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
-        constexprs={**_common(q, k, banded, softcap, alibi), **blocks},
+        constexprs={**_common(q, k, banded, softcap, variant), **blocks},
         compile_options=options,
     ))
     return out, lse
 
 
-def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, slopes=None, *, causal: bool, scale: float,
-             window=(-1, -1), softcap: float = 0.0, rows=None):
+def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, variant: Variant = Variant(), *, causal: bool,
+             scale: float, window=(-1, -1), softcap: float = 0.0, rows=None):
     """(dq, dk, dv) for cotangents dout (like out) and dlse (like lse)."""
     b, sq, h, d = q.shape
     sk = k.shape[1]
     banded, lo_off, hi_off = band(causal, window, sq, sk)
-    alibi, slopes = _slopes(slopes, b, h)
-    common = _common(q, k, banded, softcap, alibi)
+    common = _common(q, k, banded, softcap, variant)
+    operands = variant.operands(b, h)
+    scalars = (np.float32(scale), np.float32(softcap), variant.keep_scale, sq, sk, lo_off, hi_off)
     blocks, options = pick_config(target, "preprocess", d, q.dtype, rows)
     (delta,) = run(Launch(
         kernel=bwd.attn_bwd_preprocess,
@@ -117,20 +173,20 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, slopes=None, 
         constexprs={k_: common[k_] for k_ in ("H", "HEAD_DIM", "BLOCK_D")} | blocks,
         compile_options=options,
     ))
-    blocks, options = pick_config(target, "dkdv", d, q.dtype, rows)
+    blocks, options = pick_config(target, "dkdv", d, q.dtype, rows, variant.dropout_p > 0)
     dk, dv = run(Launch(
         kernel=bwd.attn_bwd_dkdv,
         grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2]),  # one program per key/value head
-        args=(q, k, v, slopes, dout, lse, delta, np.float32(scale), np.float32(softcap), sq, sk, lo_off, hi_off),
+        args=(q, k, v, *operands, variant.ranges(False, blocks["BLOCK_N"]), dout, lse, delta, *scalars),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         constexprs={**common, **blocks},
         compile_options=options,
     ))
-    blocks, options = pick_config(target, "dq", d, q.dtype, rows)
+    blocks, options = pick_config(target, "dq", d, q.dtype, rows, variant.dropout_p > 0)
     (dq,) = run(Launch(
         kernel=bwd.attn_bwd_dq,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
-        args=(q, k, v, slopes, dout, lse, delta, np.float32(scale), np.float32(softcap), sq, sk, lo_off, hi_off),
+        args=(q, k, v, *operands, variant.ranges(True, blocks["BLOCK_M"]), dout, lse, delta, *scalars),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
         constexprs={**common, **blocks},
         compile_options=options,

@@ -1,8 +1,9 @@
 """How the kernel calls compose with jax.vmap and with sharding (jit + NamedSharding, shard_map).
 
 jax-triton's custom call has neither a batching rule nor a partitioning rule: vmapped, it would fail;
-sharded, XLA would gather every operand onto every device. Both kernel calls (forward: q, k, v ->
-out, lse; backward: q, k, v, out, lse, dout, dlse -> dq, dk, dv) are therefore wrapped here:
+sharded, XLA would gather every operand onto every device. Both kernel calls (forward: q, k, v,
+variant operands -> out, lse; backward: the same, out, lse, dout, dlse -> dq, dk, dv) are therefore
+wrapped here:
 - custom_vmap: mapped axes are folded into the batch axis (unmapped operands are broadcast first), so a
   vmap runs one launch, not a loop;
 - custom_partitioning: batch and heads are independent, so each device runs the kernel on its own
@@ -12,6 +13,7 @@ out, lse; backward: q, k, v, out, lse, dout, dlse -> dq, dk, dv) are therefore w
 from __future__ import annotations
 
 import functools
+import re
 import warnings
 
 import jax
@@ -20,17 +22,19 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
 # Shardy rules: b batch, s query positions, t key positions, h key/value heads, g query heads per
-# key/value head (query heads are (h g): sharding them in contiguous chunks shards h), d head_dim.
-FWD_RULE = "b s (h g) d, b t h d, b t h d, b (h g) -> b s (h g) d, b (h g) s"  # q, k, v, slopes -> out, lse
-BWD_RULE = ("b s (h g) d, b t h d, b t h d, b (h g), b s (h g) d, b (h g) s, b s (h g) d, b (h g) s"
-            " -> b s (h g) d, b t h d, b t h d")  # q, k, v, slopes, out, lse, dout, dlse -> dq, dk, dv
-_WHOLE = ("s", "d", "t")  # factors a device must hold entirely (in order of first use: Shardy wants it)
+# key/value head (query heads are (h g): sharding them in contiguous chunks shards h), d head_dim,
+# r the two words of a dropout key. Operands: q, k, v, then the variant's ALiBi slopes, dropout keys,
+# query and key segment ids (_vjp.flash_attention).
+_VARIANT = "b (h g), b (h g) r, b s, b t"
+FWD_RULE = f"b s (h g) d, b t h d, b t h d, {_VARIANT} -> b s (h g) d, b (h g) s"  # -> out, lse
+BWD_RULE = (f"b s (h g) d, b t h d, b t h d, {_VARIANT}, b s (h g) d, b (h g) s, b s (h g) d, b (h g) s"
+            " -> b s (h g) d, b t h d, b t h d")  # ..., out, lse, dout, dlse -> dq, dk, dv
+_WHOLE = ("s", "d", "t", "r")  # factors a device must hold entirely (in order of first use: Shardy wants it)
 
 
 def wrap(fn, rule: str, group: int = 1, partition: bool = True):
-    """fn(*arrays) -> tuple of arrays, with the vmap and (if partition) sharding rules above. Every
-    array's axis 0 is the batch; (batch, seq, heads, head_dim) arrays have heads at axis 2, (batch,
-    heads, seq) at 1, (batch, heads) slopes at 1; group: query heads per key/value head.
+    """fn(*arrays) -> tuple of arrays, with the vmap and (if partition) sharding rules above: `rule`
+    names every array's axes (axis 0 is always the batch); group: query heads per key/value head.
     partition=False for host-callback bodies (the interpreter): JAX frees callbacks lowered inside a
     custom_partitioning rule too early (jax-ml/jax#23620, a crash), so those run unpartitioned (XLA
     gathers their operands)."""
@@ -39,9 +43,10 @@ def wrap(fn, rule: str, group: int = 1, partition: bool = True):
         if group == 1:  # Shardy refuses a compound factor of size 1
             rule = rule.replace("(h g)", "h")
         partitioned = custom_partitioning(fn)
+        factors = _factors(rule)
         partitioned.def_partition(
-            partition=functools.partial(_partition, fn),
-            infer_sharding_from_operands=_infer,
+            partition=functools.partial(_partition, fn, factors),
+            infer_sharding_from_operands=functools.partial(_infer, factors),
             sharding_rule=rule,
             need_replication_factors=_WHOLE,
             **sizes,
@@ -83,21 +88,25 @@ def _warn_gather(spec: str) -> None:
                   "over batch and heads instead.", stacklevel=3)
 
 
-def _sharding(mesh, shape, batch, heads) -> NamedSharding:
-    if len(shape.shape) == 4:  # (batch, seq, heads, head_dim)
-        return NamedSharding(mesh, PartitionSpec(batch, None, heads, None))
-    if len(shape.shape) == 2:  # ALiBi slopes (batch, heads)
-        return NamedSharding(mesh, PartitionSpec(batch, heads))
-    return NamedSharding(mesh, PartitionSpec(batch, heads, None))  # (batch, heads, seq)
+def _factors(rule: str) -> tuple[list, list]:
+    """Per operand and per result of a rule, its axes' factors: [["b", "s", "(h g)", "d"], ...]."""
+    return tuple([re.findall(r"\([^)]*\)|\w+", operand) for operand in side.split(",")]
+                 for side in rule.split("->"))
 
 
-def _infer(mesh, arg_shapes, result_shape):
+def _sharding(mesh, factors, batch, heads) -> NamedSharding:
+    """Batch factors on q's batch axes, head factors on its heads axes, everything else whole."""
+    return NamedSharding(mesh, PartitionSpec(*(batch if f == "b" else heads if f in ("h", "(h g)") else None
+                                               for f in factors)))
+
+
+def _infer(factors, mesh, arg_shapes, result_shape):
     batch, heads = _batch_heads(mesh, arg_shapes)
-    return tuple(_sharding(mesh, r, batch, heads) for r in result_shape)
+    return tuple(_sharding(mesh, f, batch, heads) for f in factors[1])
 
 
-def _partition(fn, mesh, arg_shapes, result_shape):
+def _partition(fn, factors, mesh, arg_shapes, result_shape):
     batch, heads = _batch_heads(mesh, arg_shapes)
-    args = tuple(_sharding(mesh, a, batch, heads) for a in arg_shapes)
-    results = tuple(_sharding(mesh, r, batch, heads) for r in result_shape)
+    args = tuple(_sharding(mesh, f, batch, heads) for f in factors[0])
+    results = tuple(_sharding(mesh, f, batch, heads) for f in factors[1])
     return mesh, fn, results, args

@@ -7,6 +7,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_flash_amd import _launch, _spmd, autotune, reference
 
@@ -20,6 +21,8 @@ class Options:
     window: tuple[int, int] = (-1, -1)  # (left, right), -1 unbounded
     softcap: float = 0.0  # > 0: logits capped with softcap * tanh(logits / softcap)
     alibi: bool = False  # the slopes operand holds ALiBi slopes (else zeros, unused)
+    dropout_p: float = 0.0  # > 0: the seeds operand holds Philox keys (reference.dropout_seeds)
+    segments: bool = False  # the segment-id operands hold ids (else zeros, unused)
 
     @property
     def banded(self) -> bool:
@@ -34,17 +37,31 @@ def _backend(opts: Options):
     return _interpret.run, _interpret.TARGET
 
 
-def _forward(opts: Options, q, k, v, slopes):
+def _variant(opts: Options, slopes, seeds, q_seg, kv_seg) -> _launch.Variant:
+    segments = opts.segments
+    return _launch.Variant(slopes=slopes if opts.alibi else None, seeds=seeds if opts.dropout_p > 0 else None,
+                           dropout_p=opts.dropout_p, q_segment_ids=q_seg if segments else None,
+                           kv_segment_ids=kv_seg if segments else None)
+
+
+def _rows(opts: Options, run, target, q, k, kernels):
+    # autotuned rows are timed without dropout, whose kernels need other configs (configs.py): skip
+    if opts.dropout_p > 0:
+        return None
+    return autotune.rows_for(run, target, q, k, opts.banded, opts.softmax_scale, kernels)
+
+
+def _forward(opts: Options, q, k, v, *variant):
     run, target = _backend(opts)
-    rows = autotune.rows_for(run, target, q, k, opts.banded, opts.softmax_scale, ("fwd",))
-    return _launch.forward(run, target, q, k, v, slopes if opts.alibi else None, causal=opts.causal,
+    rows = _rows(opts, run, target, q, k, ("fwd",))
+    return _launch.forward(run, target, q, k, v, _variant(opts, *variant), causal=opts.causal,
                            scale=opts.softmax_scale, window=opts.window, softcap=opts.softcap, rows=rows)
 
 
-def _backward(opts: Options, q, k, v, slopes, out, lse, dout, dlse):
+def _backward(opts: Options, q, k, v, slopes, seeds, q_seg, kv_seg, out, lse, dout, dlse):
     run, target = _backend(opts)
-    rows = autotune.rows_for(run, target, q, k, opts.banded, opts.softmax_scale, ("dkdv", "dq"))
-    return _launch.backward(run, target, q, k, v, out, lse, dout, dlse, slopes if opts.alibi else None,
+    rows = _rows(opts, run, target, q, k, ("dkdv", "dq"))
+    return _launch.backward(run, target, q, k, v, out, lse, dout, dlse, _variant(opts, slopes, seeds, q_seg, kv_seg),
                             causal=opts.causal, scale=opts.softmax_scale, window=opts.window, softcap=opts.softcap,
                             rows=rows)
 
@@ -62,24 +79,41 @@ def _group(q, k) -> int:
     return q.shape[2] // k.shape[2]
 
 
+def variant_operands(q, k, slopes=None, seeds=None, q_segment_ids=None, kv_segment_ids=None) -> tuple:
+    """flash_attention's `variant` argument: the given arrays, zeros of the right shape for the others
+    (one fixed operand list keeps one sharding rule; the Options flags say which are real)."""
+    b, sq, h, _ = q.shape
+    return (jnp.zeros((b, h), jnp.float32) if slopes is None else slopes,
+            jnp.zeros((b, h, 2), jnp.uint32) if seeds is None else seeds,
+            jnp.zeros((b, sq), jnp.int32) if q_segment_ids is None else q_segment_ids,
+            jnp.zeros((b, k.shape[1]), jnp.int32) if kv_segment_ids is None else kv_segment_ids)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def flash_attention(q, k, v, slopes, opts: Options):
-    """(out, lse) through the Triton kernels; differentiable in q, k, v (also through lse). slopes:
-    (batch, heads_q) float32 ALiBi slopes when opts.alibi (zeros otherwise); constants: their cotangent
-    is zero, as in FlashAttention."""
-    return _kernel_calls(opts, _group(q, k))[0](q, k, v, slopes)
+def flash_attention(q, k, v, variant: tuple, opts: Options):
+    """(out, lse) through the Triton kernels; differentiable in q, k, v (also through lse). variant
+    (variant_operands): ALiBi slopes (batch, heads_q) float32, dropout keys (batch, heads_q, 2) uint32,
+    segment ids (batch, seq_q) / (batch, seq_k) int32; constants: their cotangent is zero, as in
+    FlashAttention."""
+    return _kernel_calls(opts, _group(q, k))[0](q, k, v, *variant)
 
 
-def _fwd_rule(q, k, v, slopes, opts: Options):
-    out, lse = _kernel_calls(opts, _group(q, k))[0](q, k, v, slopes)
-    return (out, lse), (q, k, v, slopes, out, lse)
+def _fwd_rule(q, k, v, variant, opts: Options):
+    out, lse = _kernel_calls(opts, _group(q, k))[0](q, k, v, *variant)
+    return (out, lse), (q, k, v, variant, out, lse)
+
+
+def _zero_cotangent(x):
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return np.zeros(x.shape, jax.dtypes.float0)
+    return jnp.zeros_like(x)
 
 
 def _bwd_rule(opts: Options, residuals, cotangents):
-    q, k, v, slopes, out, lse = residuals
+    q, k, v, variant, out, lse = residuals
     dout, dlse = cotangents
-    dq, dk, dv = _kernel_calls(opts, _group(q, k))[1](q, k, v, slopes, out, lse, dout.astype(out.dtype), dlse)
-    return dq, dk, dv, jnp.zeros_like(slopes)
+    dq, dk, dv = _kernel_calls(opts, _group(q, k))[1](q, k, v, *variant, out, lse, dout.astype(out.dtype), dlse)
+    return dq, dk, dv, tuple(_zero_cotangent(x) for x in variant)
 
 
 flash_attention.defvjp(_fwd_rule, _bwd_rule)

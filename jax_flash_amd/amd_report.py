@@ -29,12 +29,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash_amd import _jax_triton_compat, _launch
+from jax_flash_amd.kernels import bwd
 
 AMD_ARCHS = ("gfx90a", "gfx942", "gfx950")
 # Bytes of LDS per workgroup (AMD: per CU) and shared memory per block (sm90, opt-in maximum).
 LOCAL_MEMORY = {"gfx90a": 64 << 10, "gfx942": 64 << 10, "gfx950": 160 << 10, "sm90": 227 << 10}
 SIMDS_PER_CU = 4
-_TRITON_DTYPE = {jnp.dtype(jnp.float16): "fp16", jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float32): "fp32"}
+_TRITON_DTYPE = {jnp.dtype(jnp.float16): "fp16", jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float32): "fp32",
+                 jnp.dtype(jnp.int32): "i32"}
 
 
 @dataclasses.dataclass
@@ -61,7 +63,7 @@ class Row:
             out.append(f"spills {self.spill_bytes} bytes")
         if self.local_mem > LOCAL_MEMORY[self.arch]:
             out.append(f"needs {self.local_mem} B of LDS/shared memory, {self.arch} has {LOCAL_MEMORY[self.arch]}")
-        if self.arch == "gfx942" and self.kernel == "fwd" and self.head_dim <= 128 and self.occupancy < 2:
+        if self.arch == "gfx942" and self.kernel.startswith("fwd") and self.head_dim <= 128 and self.occupancy < 2:
             out.append(f"forward occupancy {self.occupancy} < 2 waves/SIMD")
         return out
 
@@ -70,7 +72,8 @@ def _target(arch: str) -> str:
     return "cuda" if arch == "sm90" else arch
 
 
-def record_launches(target: str, head_dim: int, dtype, causal: bool) -> list[tuple[str, _launch.Launch]]:
+def record_launches(target: str, head_dim: int, dtype, causal: bool, dropout: bool = False
+                    ) -> list[tuple[str, _launch.Launch]]:
     """The launches of one forward and one backward, as the runtime would make them (shapes are nominal:
     sequence lengths are runtime arguments and do not change the compiled code)."""
     recorded = []
@@ -80,10 +83,15 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool) -> list[tup
         return launch.out_shapes
 
     x = jax.ShapeDtypeStruct((1, 1024, 16, head_dim), jnp.dtype(dtype))
-    out, lse = _launch.forward(run, target, x, x, x, causal=causal, scale=head_dim ** -0.5)
-    _launch.backward(run, target, x, x, x, out, lse, out, lse, causal=causal, scale=head_dim ** -0.5)
+    variant = _launch.Variant()
+    if dropout:  # the Philox tile adds registers and a layout change: its kernels are checked too
+        variant = _launch.Variant(seeds=jnp.zeros((1, 16, 2), jnp.uint32), dropout_p=0.1)
+    out, lse = _launch.forward(run, target, x, x, x, variant, causal=causal, scale=head_dim ** -0.5)
+    _launch.backward(run, target, x, x, x, out, lse, out, lse, variant, causal=causal, scale=head_dim ** -0.5)
     names = {"attn_fwd": "fwd", "attn_bwd_preprocess": "preprocess", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq"}
-    return [(names[launch.kernel.__name__], launch) for launch in recorded]
+    suffix = "+dropout" if dropout else ""
+    return [(names[launch.kernel.__name__] + suffix, launch) for launch in recorded
+            if not (dropout and launch.kernel is bwd.attn_bwd_preprocess)]
 
 
 def _source(launch: _launch.Launch):
@@ -142,7 +150,7 @@ def compile_row(arch: str, head_dim: int, dtype: str, causal: bool, kernel: str)
     import triton
     from triton.backends.compiler import GPUTarget
 
-    launch = dict(record_launches(_target(arch), head_dim, dtype, causal))[kernel]
+    launch = dict(record_launches(_target(arch), head_dim, dtype, causal, kernel.endswith("+dropout")))[kernel]
     options = _jax_triton_compat.compiler_options(launch.compile_options)  # what the runtime passes
     shown = {k: v for k, v in launch.constexprs.items() if k.startswith("BLOCK_") and k != "BLOCK_D"}
     row = Row(arch, kernel, head_dim, dtype, causal, config=" ".join(f"{k}={v}" for k, v in {**shown, **options}.items()))
@@ -163,8 +171,8 @@ def report(archs, head_dims, dtypes, jobs: int) -> list[Row]:
     for arch in archs:
         for head_dim in head_dims:
             for dtype in dtypes:
-                for causal in (False, True):
-                    for kernel, _ in record_launches(_target(arch), head_dim, dtype, causal):
+                for causal, dropout in ((False, False), (True, False), (True, True)):
+                    for kernel, _ in record_launches(_target(arch), head_dim, dtype, causal, dropout):
                         if kernel == "preprocess" and causal:
                             continue  # does not depend on the mask
                         work.append((arch, head_dim, dtype, causal, kernel))

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_flash_amd import reference
-from jax_flash_amd._vjp import Options, flash_attention
+from jax_flash_amd._vjp import Options, flash_attention, variant_operands
 
 IMPLEMENTATIONS = ("triton", "interpret", "xla")
 _DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32)
@@ -18,6 +18,7 @@ MAX_HEAD_DIM = 256
 
 def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
               window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+              dropout_p: float = 0.0, dropout_rng=None, q_segment_ids=None, kv_segment_ids=None,
               return_lse: bool = False, implementation: str | None = None):
     """Exact softmax attention, O(seq) memory, differentiable, as FlashAttention computes it.
 
@@ -36,6 +37,17 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
       softcap: > 0 caps the logits: s = softcap * tanh(scale * q.k / softcap) (0: off). A static number.
       alibi_slopes: (heads_q,) or (batch, heads_q) float: ALiBi, logits -= slope * |i + seq_k - seq_q - j|.
         Treated as constants (zero gradient), as in FlashAttention.
+      dropout_p: attention-probability dropout rate in [0, 1), a static number; kept probabilities are
+        scaled by 1 / (1 - dropout_p). The mask comes from counter-based random numbers (Philox) drawn
+        inside the kernels and is never stored; the backward regenerates the same mask. All three
+        implementations draw the same mask for the same key.
+      dropout_rng: a JAX PRNG key (jax.random.key or jax.random.PRNGKey), required when dropout_p > 0.
+        The same key gives the same mask.
+      q_segment_ids, kv_segment_ids: (batch, seq_q) and (batch, seq_k) integer ids (int32 or
+        narrower) for packed sequences: query i sees key j only if their ids are equal. Given one and
+        seq_q == seq_k, the other defaults to it. When kv_segment_ids (for the backward also
+        q_segment_ids) are sorted along the sequence, as packing makes them, blocks of keys that
+        cannot share an id are skipped.
       return_lse: also return the logsumexp of the scaled logits, (batch, heads, seq_q) float32,
         natural log; it is differentiable too.
       implementation: "triton" (GPU: CUDA or ROCm), "interpret" (the same Triton kernels in Triton's
@@ -57,21 +69,24 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     softcap = _check_softcap(softcap)
     slopes = _check_slopes(alibi_slopes, q.shape[0], q.shape[2])
     scale = _check_scale(softmax_scale, q.shape[-1])
+    dropout_p = _check_dropout(dropout_p, dropout_rng)
+    q_seg, kv_seg = _check_segment_ids(q_segment_ids, kv_segment_ids, q.shape[:2], k.shape[:2])
     impl = _choose_implementation(implementation)
 
     b, sq, h, _ = q.shape
+    seeds = reference.dropout_seeds(dropout_rng, b, h) if dropout_p > 0 else None
     if q.size == 0 or k.shape[1] == 0:  # nothing to attend to (or nothing to compute): no kernel launch
         out = jnp.zeros_like(q)
         lse = jnp.full((b, h, sq), -jnp.inf, jnp.float32)
     elif impl == "xla":
         out, lse = reference.attention(q, k, v, causal=causal, softmax_scale=scale, window_size=window,
-                                       softcap=softcap, alibi_slopes=slopes)
+                                       softcap=softcap, alibi_slopes=slopes, dropout_p=dropout_p,
+                                       dropout_seeds=seeds, q_segment_ids=q_seg, kv_segment_ids=kv_seg)
     else:
         _check_kernel_limits(q, k)
         opts = Options(causal=causal, softmax_scale=scale, implementation=impl, window=window, softcap=softcap,
-                       alibi=slopes is not None)
-        dummy = jnp.zeros((b, h), jnp.float32)  # the kernels always take a slopes operand
-        out, lse = flash_attention(q, k, v, dummy if slopes is None else slopes, opts)
+                       alibi=slopes is not None, dropout_p=dropout_p, segments=q_seg is not None)
+        out, lse = flash_attention(q, k, v, variant_operands(q, k, slopes, seeds, q_seg, kv_seg), opts)
     return (out, lse) if return_lse else out
 
 
@@ -150,6 +165,48 @@ def _check_slopes(alibi_slopes, batch: int, heads: int):
     return jnp.broadcast_to(jnp.asarray(alibi_slopes, jnp.float32), (batch, heads))
 
 
+def _check_dropout(dropout_p, dropout_rng) -> float:
+    if isinstance(dropout_p, jax.core.Tracer) or not isinstance(dropout_p, Real) or isinstance(dropout_p, bool):
+        raise TypeError(f"dropout_p must be a static Python number; got {type(dropout_p).__name__}")
+    if not (0.0 <= dropout_p < 1.0):
+        raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")
+    if dropout_p == 0:
+        return 0.0
+    if dropout_rng is None:
+        raise ValueError(f"dropout_p={dropout_p} needs dropout_rng, a JAX PRNG key (e.g. jax.random.key(0))")
+    dtype = getattr(dropout_rng, "dtype", None)
+    typed = dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key) and dropout_rng.shape == ()
+    raw = dtype == jnp.uint32 and getattr(dropout_rng, "shape", None) == (2,)
+    if not (typed or raw):
+        raise TypeError("dropout_rng must be one JAX PRNG key (jax.random.key(0), or a raw uint32 (2,) key "
+                        f"from jax.random.PRNGKey(0)); got {type(dropout_rng).__name__} with dtype {dtype} "
+                        f"and shape {getattr(dropout_rng, 'shape', None)}")
+    return float(dropout_p)
+
+
+def _check_segment_ids(q_segment_ids, kv_segment_ids, q_shape, k_shape):
+    """(q ids, kv ids) as int32 arrays, or (None, None)."""
+    if q_segment_ids is None and kv_segment_ids is None:
+        return None, None
+    if q_segment_ids is None or kv_segment_ids is None:
+        if q_shape[1] != k_shape[1]:
+            missing = "q_segment_ids" if q_segment_ids is None else "kv_segment_ids"
+            raise ValueError(f"{missing} is needed too when seq_q ({q_shape[1]}) != seq_k ({k_shape[1]})")
+        q_segment_ids = kv_segment_ids if q_segment_ids is None else q_segment_ids
+        kv_segment_ids = q_segment_ids if kv_segment_ids is None else kv_segment_ids
+    ids = []
+    for name, x, shape in (("q_segment_ids", q_segment_ids, q_shape), ("kv_segment_ids", kv_segment_ids, k_shape)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{name} must be an integer array (batch, seq); got {type(x).__name__}")
+        dtype = jnp.dtype(x.dtype)
+        if not jnp.issubdtype(dtype, jnp.integer) or dtype.itemsize > 4 or dtype == jnp.uint32:
+            raise TypeError(f"{name} must be int32 (or a narrower integer type); got {dtype}")
+        if tuple(x.shape) != tuple(shape):
+            raise ValueError(f"{name} must have shape (batch, seq) = {tuple(shape)}; got {tuple(x.shape)}")
+        ids.append(jnp.asarray(x, jnp.int32))
+    return tuple(ids)
+
+
 def _check_scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
@@ -179,3 +236,22 @@ def _choose_implementation(implementation: str | None) -> str:
     elif implementation == "interpret":
         _interpret.check_available()
     return implementation
+
+
+def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
+                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                    deterministic: bool = False, return_attn_probs: bool = False, *, dropout_rng=None):
+    """FlashAttention's ``flash_attn_func`` (flash_attn 2.x argument names and order) over ``attention``,
+    for code moving over from PyTorch. q (batch, seq_q, heads_q, head_dim), k/v (batch, seq_k,
+    heads_kv, head_dim) as there. Differences: dropout needs ``dropout_rng`` (JAX has no global random
+    state); ``deterministic`` is accepted and changes nothing, because this backward is always
+    deterministic (no atomics); ``return_attn_probs=True`` raises NotImplementedError (the kernels never
+    form the probability matrix; use jax_flash_amd.reference.attention to inspect it)."""
+    _check_flag("deterministic", deterministic)
+    _check_flag("return_attn_probs", return_attn_probs)
+    if return_attn_probs:
+        raise NotImplementedError("flash_attn_func(return_attn_probs=True) is not supported: the kernels never "
+                                  "form the attention probabilities. Call it with return_attn_probs=False, or use "
+                                  "jax_flash_amd.attention(..., return_lse=True) for the logsumexp.")
+    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+                     alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_rng=dropout_rng)

@@ -35,13 +35,65 @@ def visible(seq_q: int, seq_k: int, causal: bool, window: tuple[int, int] = (-1,
     return ok
 
 
+def dropout_seeds(rng, batch: int, heads: int) -> jax.Array:
+    """(batch, heads, 2) uint32 Philox keys, one per (batch, query head), drawn from a JAX PRNG key.
+    Computed outside the kernels, so a shard or a vmapped slice sees the keys of its own rows."""
+    return jax.random.bits(rng, (batch, heads, 2), jnp.uint32)
+
+
+def dropout_threshold(p: float) -> int:
+    """A probability is kept iff its 31 high random bits are >= this (kernels/dropout.py)."""
+    return int(p * 2**31)
+
+
+def _umulhi(a, b):
+    """High 32 bits of the 64-bit product of uint32 arrays, in 16-bit halves (no uint64 without x64)."""
+    a0, a1 = a & 0xFFFF, a >> 16
+    b0, b1 = b & 0xFFFF, b >> 16
+    mid1 = a1 * b0 + ((a0 * b0) >> 16)
+    mid2 = a0 * b1 + (mid1 & 0xFFFF)
+    return a1 * b1 + (mid1 >> 16) + (mid2 >> 16)
+
+
+def _philox(c0, c1, c2, c3, k0, k1, rounds: int = 10):
+    """Philox 4x32 as Triton's tl.philox computes it (constants of Salmon et al. 2011)."""
+    u32 = lambda x: jnp.uint32(x)  # noqa: E731
+    for _ in range(rounds):
+        c0, c1, c2, c3 = (_umulhi(u32(0xCD9E8D57), c2) ^ c1 ^ k0, u32(0xCD9E8D57) * c2,
+                          _umulhi(u32(0xD2511F53), c0) ^ c3 ^ k1, u32(0xD2511F53) * c0)
+        k0, k1 = k0 + u32(0x9E3779B9), k1 + u32(0xBB67AE85)
+    return c0, c1, c2, c3
+
+
+def dropout_keep(seeds, seq_q: int, seq_k: int, p: float) -> jax.Array:
+    """(B, H, seq_q, seq_k) bool: the probabilities the kernels keep for Philox keys seeds (B, H, 2)
+    uint32 (kernels/dropout.py, bit for bit)."""
+    n4 = -(-seq_k // 4)
+    c0 = jnp.broadcast_to(jnp.arange(n4, dtype=jnp.uint32)[None, :], (seq_q, n4))
+    c1 = jnp.broadcast_to(jnp.arange(seq_q, dtype=jnp.uint32)[:, None], (seq_q, n4))
+    zero = jnp.zeros_like(c0)
+    k0, k1 = seeds[..., 0, None, None], seeds[..., 1, None, None]
+    r = jnp.stack(_philox(c0, c1, zero, zero, k0, k1), axis=-1)  # key 4c + t takes output t of counter c
+    r = r.reshape(*seeds.shape[:2], seq_q, 4 * n4)[..., :seq_k]
+    return (r >> 1).astype(jnp.int32) >= dropout_threshold(p)
+
+
+def segment_mask(q_segment_ids, kv_segment_ids) -> jax.Array:
+    """(B, 1, Sq, Sk) bool: query and key share a segment id."""
+    return (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :])[:, None]
+
+
 def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
-              window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None):
+              window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+              dropout_p: float = 0.0, dropout_seeds=None, q_segment_ids=None, kv_segment_ids=None):
     """(out, lse) for q (B, Sq, H, D), k/v (B, Sk, H_kv, D) with H a multiple of H_kv (grouped-query
     attention: query head h uses key/value head h // (H // H_kv)); lse (B, H, Sq) float32, natural log.
 
     A query row that sees no key gives out = 0 and lse = -inf, with zero gradients. softcap > 0: logits
-    softcap * tanh(logits / softcap); alibi_slopes (B, H) float32: logits -= slope * |i + Sk - Sq - j|.
+    softcap * tanh(logits / softcap); alibi_slopes (B, H) float32: logits -= slope * |i + Sk - Sq - j|;
+    q_segment_ids (B, Sq) / kv_segment_ids (B, Sk) int32: only equal ids attend; dropout_p > 0 with
+    dropout_seeds (B, H, 2) uint32 (see dropout_seeds): the kernels' dropout mask, kept values scaled
+    by 1 / (1 - p); lse is that of the probabilities before dropout.
     """
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     group = q.shape[2] // k.shape[2]
@@ -54,15 +106,22 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
         sq, sk = q.shape[1], k.shape[1]
         dist = jnp.abs(jnp.arange(sq)[:, None] + (sk - sq) - jnp.arange(sk)[None, :]).astype(jnp.float32)
         s = s - jax.lax.stop_gradient(alibi_slopes)[:, :, None, None] * dist
-    s = jnp.where(visible(q.shape[1], k.shape[1], causal, window_size), s, -jnp.inf)
+    seen = visible(q.shape[1], k.shape[1], causal, window_size)
+    if q_segment_ids is not None:
+        seen = seen & segment_mask(q_segment_ids, kv_segment_ids)
+    s = jnp.where(seen, s, -jnp.inf)
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1))
     m = jnp.where(jnp.isfinite(m), m, 0.0)  # empty rows: exp(-inf - 0) = 0, no NaN
     p = jnp.exp(s - m[..., None])
     l = jnp.sum(p, axis=-1)
     empty = l == 0.0
     l_safe = jnp.where(empty, 1.0, l)
+    if dropout_p > 0:
+        p = jnp.where(dropout_keep(dropout_seeds, q.shape[1], k.shape[1], dropout_p), p, 0.0)
     acc = jnp.einsum("bhqk,bkhd->bqhd", p.astype(q.dtype), v, preferred_element_type=jnp.float32,
                      precision=_HIGHEST)
     out = acc / jnp.transpose(l_safe, (0, 2, 1))[..., None]
+    if dropout_p > 0:
+        out = out * (1.0 / (1.0 - dropout_p))
     lse = jnp.where(empty, -jnp.inf, m + jnp.log(l_safe))
     return out.astype(q.dtype), lse

@@ -6,13 +6,16 @@ where delta = rowsum(dO * O) - dLse (a cotangent on lse adds P * dLse to dS).
 Layouts as in fwd.py; Lse, dLse, Delta are (batch, H, seq_q) fp32. Grouped-query attention: a dK/dV
 program owns one key/value head and sums over the H // KV_H query heads that read it (in a loop, so
 still no atomics).
+Dropout (dropout.py) regenerates the forward's keep mask: with Pd = P * keep * keep_scale,
+dV = Pd^T dO and dS = P * (keep * keep_scale * dO V^T - delta).
 """
 import triton
 import triton.language as tl
 
+from .dropout import keep, load_seed
+from .masking import (head_start, key_blocks, load_ids, load_tile, query_blocks, span_block, span_blocks,
+                      store_tile, visible)
 from .scores import LOG2E, logits2
-from .masking import (head_start, key_blocks, load_tile, query_blocks, span_block, span_blocks, store_tile,
-                      visible)
 
 
 @triton.jit
@@ -42,10 +45,11 @@ def _load_row_stats(Lse, Delta, row0, offs_m, seq_q):
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_base, do_base, Lse, Delta, row0, lo, hi, lo2, hi2, offs_n, seq_q, seq_k,
-                lo_off, hi_off, sm_scale, softcap, slope, STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
-                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+def _dkdv_inner(dk, dv, k, v, q_base, do_base, Lse, Delta, row0, lo, hi, lo2, hi2, start_n, offs_n, seq_q, seq_k,
+                lo_off, hi_off, sm_scale, softcap, slope, QSeg, b, k_ids, seed, keep_scale, STRIDE: tl.constexpr,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+                SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
     """Query blocks of [lo, hi) then [lo2, hi2)."""
     offs_d = tl.arange(0, BLOCK_D)
     for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_M)):
@@ -62,9 +66,18 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, Lse, Delta, row0, lo, hi, lo2, hi
         else:
             p_t = tl.math.exp2(s_t * (sm_scale * LOG2E) - lse2[None, :])
         if MASKED:
-            p_t = tl.where(visible(offs_m[None, :], offs_n[:, None], seq_q, seq_k, lo_off, hi_off, BANDED), p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")
+            q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
+            seen_t = visible(offs_m[None, :], offs_n[:, None], seq_q, seq_k, lo_off, hi_off, q_ids[None, :],
+                             k_ids[:, None], BANDED, SEGMENTS)
+            p_t = tl.where(seen_t, p_t, 0.0)
+        if DROP_THRESHOLD > 0:
+            kept_t = tl.trans(keep(seed, offs_m, start_n, DROP_THRESHOLD, BLOCK_N))  # [BN, BM]
+            dv = tl.dot(tl.where(kept_t, p_t * keep_scale, 0.0).to(do.dtype), do, dv, input_precision="ieee")
+        else:
+            dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")
         dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")  # [BN, BM]
+        if DROP_THRESHOLD > 0:
+            dp_t = tl.where(kept_t, dp_t * keep_scale, 0.0)
         ds_t = p_t * (dp_t - delta[None, :])
         if SOFTCAP:
             ds_t = ds_t * dlogit_t  # through softcap's tanh
@@ -73,10 +86,12 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, Lse, Delta, row0, lo, hi, lo2, hi
 
 
 @triton.jit
-def attn_bwd_dkdv(Q, K, V, Slopes, dOut, Lse, Delta, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, dK, dV,
-                  H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
-                  ALIBI: tl.constexpr):
+def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap, keep_scale,
+                  seq_q, seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
+                  SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
+    """Arguments as attn_fwd's; QueryRanges (batch, key blocks, 2): the queries that can share a segment
+    id with each key block."""
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)  # batch * KV_H
     b = bh // KV_H
@@ -93,7 +108,9 @@ def attn_bwd_dkdv(Q, K, V, Slopes, dOut, Lse, Delta, sm_scale, softcap, seq_q, s
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
 
-    begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, BLOCK_M, BLOCK_N, BANDED)
+    begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, QueryRanges, b, BLOCK_M,
+                                                    BLOCK_N, BANDED, SEGMENTS)
+    k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS)
     for g in range(GROUP):  # the query heads that share this key/value head
         h = h_kv * GROUP + g
         q_base = head_start(b, h, seq_q, H, HEAD_DIM)
@@ -101,12 +118,15 @@ def attn_bwd_dkdv(Q, K, V, Slopes, dOut, Lse, Delta, sm_scale, softcap, seq_q, s
         slope = 0.0
         if ALIBI:
             slope = tl.load(Slopes + b * H + h)
+        seed = load_seed(Seeds, b * H + h, DROP_THRESHOLD)
         dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, full_begin, full_end,
-                             full_end, full_end, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
-                             STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, BANDED, False, SOFTCAP, ALIBI)
+                             full_end, full_end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
+                             slope, QSeg, b, k_ids, seed, keep_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                             BANDED, False, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
         dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, begin, full_begin, full_end,
-                             end, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, STRIDE, HEAD_DIM,
-                             BLOCK_D, BLOCK_M, BANDED, True, SOFTCAP, ALIBI)
+                             end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, QSeg, b,
+                             k_ids, seed, keep_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, True,
+                             SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
 
     store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
     store_tile(dV + kv_base, dv, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
@@ -114,9 +134,10 @@ def attn_bwd_dkdv(Q, K, V, Slopes, dOut, Lse, Delta, sm_scale, softcap, seq_q, s
 
 @triton.jit
 def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q, seq_k, lo_off, hi_off,
-              sm_scale, softcap, slope, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-              BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
-              ALIBI: tl.constexpr):
+              sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale, STRIDE_KV: tl.constexpr,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
+              MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
+              DROP_THRESHOLD: tl.constexpr):
     """Key blocks of [lo, hi) then [lo2, hi2)."""
     offs_d = tl.arange(0, BLOCK_D)
     for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
@@ -132,8 +153,13 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, offs_m, 
         else:
             p = tl.math.exp2(s * (sm_scale * LOG2E) - lse2[:, None])
         if MASKED:
-            p = tl.where(visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, lo_off, hi_off, BANDED), p, 0.0)
+            k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS)
+            seen = visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, lo_off, hi_off, q_ids[:, None],
+                           k_ids[None, :], BANDED, SEGMENTS)
+            p = tl.where(seen, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # [BM, BN]
+        if DROP_THRESHOLD > 0:
+            dp = tl.where(keep(seed, offs_m, start_n, DROP_THRESHOLD, BLOCK_N), dp * keep_scale, 0.0)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
             ds = ds * dlogit  # through softcap's tanh
@@ -142,10 +168,11 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, offs_m, 
 
 
 @triton.jit
-def attn_bwd_dq(Q, K, V, Slopes, dOut, Lse, Delta, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, dQ,
-                H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
-                ALIBI: tl.constexpr):
+def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, dOut, Lse, Delta, sm_scale, softcap, keep_scale,
+                seq_q, seq_k, lo_off, hi_off, dQ, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
+                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
+    """Arguments as attn_fwd's."""
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // H
@@ -164,12 +191,15 @@ def attn_bwd_dq(Q, K, V, Slopes, dOut, Lse, Delta, sm_scale, softcap, seq_q, seq
     lse2, delta = _load_row_stats(Lse, Delta, bh.to(tl.int64) * seq_q, offs_m, seq_q)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, BLOCK_M, BLOCK_N, BANDED)
+    start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, KeyRanges, b, BLOCK_M,
+                                                  BLOCK_N, BANDED, SEGMENTS)
+    q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
+    seed = load_seed(Seeds, bh, DROP_THRESHOLD)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, full_start, full_end, full_end, full_end,
-                   offs_m, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, STRIDE_KV, HEAD_DIM, BLOCK_D,
-                   BLOCK_N, BANDED, False, SOFTCAP, ALIBI)
+                   offs_m, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
+                   STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, False, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, start, full_start, full_end, end,
-                   offs_m, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, STRIDE_KV, HEAD_DIM, BLOCK_D,
-                   BLOCK_N, BANDED, True, SOFTCAP, ALIBI)
+                   offs_m, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
+                   STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, True, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
     store_tile(dQ + q_base, dq * sm_scale, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, BLOCK_D != HEAD_DIM)

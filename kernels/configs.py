@@ -1,6 +1,7 @@
 """Default launch configs per target, as data (tuning lives here, not in the launchers).
 
-TARGETS[target][kernel] is a list of rows ordered by ``max_block_d``. A launch takes the first row
+TARGETS[target][kernel] is a list of rows ordered by ``max_block_d``; TARGETS[target]["<kernel>+dropout"],
+where present, replaces it for calls with dropout. A launch takes the first row
 whose ``max_block_d`` >= BLOCK_D * itemsize / 2: float32 inputs take the row of a head twice as wide,
 since their tiles need twice the registers and shared memory. Keys other than ``max_block_d`` are
 the kernel's BLOCK_* constexprs and compiler options (num_warps, num_stages; on HIP also
@@ -45,15 +46,20 @@ def _hip():
     }
 
 
+_CUDA_FWD_ROWS = [
+    dict(max_block_d=64, BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+    dict(max_block_d=128, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+    dict(max_block_d=256, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+    dict(max_block_d=512, BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1),
+]
+
 TARGETS = {
     # NVIDIA sm80/sm90 (H100/H200 measured)
     "cuda": {
-        "fwd": [
-            dict(max_block_d=64, BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
-            dict(max_block_d=128, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
-            dict(max_block_d=256, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
-            dict(max_block_d=512, BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1),
-        ],
+        "fwd": _CUDA_FWD_ROWS,
+        # "<kernel>+dropout" rows replace a kernel's rows when dropout is on: the random-number tile's
+        # layout change takes 16 KB of shared memory, which 3 stages at D 128 (224 KB) have no room for
+        "fwd+dropout": [dict(r, num_stages=2) if r["max_block_d"] == 128 else r for r in _CUDA_FWD_ROWS],
         "dkdv": [
             dict(max_block_d=64, BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3),
             # H200, D 128, N 4096: 4.3 ms backward vs 8.5 ms for 32 x 128 x 4 warps (3 KB of spills)

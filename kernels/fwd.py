@@ -4,19 +4,22 @@ Layout: q, out (batch, seq_q, H, HEAD_DIM); k, v (batch, seq_k, KV_H, HEAD_DIM),
 row strides H * HEAD_DIM and KV_H * HEAD_DIM are compile-time constants (aligned vector loads); lse
 (batch, H, seq_q) fp32, natural log. Grouped-query attention: query head h reads key/value head
 h // (H // KV_H), in place (no copy per query head). One program per (query block, batch * H).
+Dropout (DROP_THRESHOLD > 0, dropout.py) zeroes probabilities after the row sums are taken, and the
+output is scaled by keep_scale = 1 / (1 - p).
 """
 import triton
 import triton.language as tl
 
-from .masking import head_start, key_blocks, load_tile, span_block, span_blocks, store_tile, visible
+from .dropout import keep, load_seed
+from .masking import head_start, key_blocks, load_ids, load_tile, span_block, span_blocks, store_tile, visible
 from .scores import LN2, LOG2E, logits2
 
 
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q, seq_k, lo_off, hi_off,
-               sm_scale, softcap, slope, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
-               ALIBI: tl.constexpr):
+               sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
+               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
     """Key blocks of [lo, hi) then [lo2, hi2)."""
     offs_d = tl.arange(0, BLOCK_D)
     for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
@@ -31,7 +34,9 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q
         else:
             qk_scale = sm_scale * LOG2E
         if MASKED:
-            seen = visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, lo_off, hi_off, BANDED)
+            k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS)
+            seen = visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, lo_off, hi_off, q_ids[:, None],
+                           k_ids[None, :], BANDED, SEGMENTS)
             s = tl.where(seen, s * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
@@ -43,6 +48,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q
             p = tl.math.exp2(s * qk_scale - m_use[:, None])
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if DROP_THRESHOLD > 0:  # after the row sum: dropout acts on normalised probabilities
+            p = tl.where(keep(seed, offs_m, start_n, DROP_THRESHOLD, BLOCK_N), p, 0.0)
         v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
         m_i = m_new
@@ -50,12 +57,13 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q
 
 
 @triton.jit
-def attn_fwd(Q, K, V, Slopes, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, Out, Lse,
-             H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
+             hi_off, Out, Lse, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
-             ALIBI: tl.constexpr):
-    """lo_off / hi_off / BANDED: the visible band (masking.py); softcap / SOFTCAP and Slopes (batch, H)
-    fp32 / ALIBI: logit modifiers (scores.py)."""
+             ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
+    """lo_off / hi_off / BANDED: the visible band, QSeg / KSeg (batch, seq) int32 and KeyRanges /
+    SEGMENTS: segment ids (masking.py); softcap / SOFTCAP and Slopes (batch, H) fp32 / ALIBI: logit
+    modifiers (scores.py); Seeds (batch, H, 2) uint32, keep_scale, DROP_THRESHOLD: dropout (dropout.py)."""
     # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
@@ -78,18 +86,23 @@ def attn_fwd(Q, K, V, Slopes, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, O
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, BLOCK_M, BLOCK_N, BANDED)
+    start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, KeyRanges, b, BLOCK_M,
+                                                  BLOCK_N, BANDED, SEGMENTS)
+    q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
+    seed = load_seed(Seeds, bh, DROP_THRESHOLD)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, full_start, full_end, full_end, full_end, offs_m,
-                               seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, STRIDE_KV, HEAD_DIM, BLOCK_D,
-                               BLOCK_N, BANDED, False, SOFTCAP, ALIBI)
+                               seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV,
+                               HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, False, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, full_start, full_end, end, offs_m,
-                               seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, STRIDE_KV, HEAD_DIM, BLOCK_D,
-                               BLOCK_N, BANDED, True, SOFTCAP, ALIBI)
+                               seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV,
+                               HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, True, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
 
     # rows that saw no key: output 0, lse -inf
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if DROP_THRESHOLD > 0:
+        out = out * keep_scale
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
     store_tile(Out + q_start, out, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM,
                BLOCK_D != HEAD_DIM)

@@ -8,6 +8,11 @@ with left / right unbounded when negative; causal is right = 0. The kernels take
 offsets, lo_off = seq_k - seq_q - left and hi_off = seq_k - seq_q + right (+-UNBOUNDED when open), so
 query i sees key j iff i + lo_off <= j <= i + hi_off, and BANDED (constexpr) says whether there is a
 band at all: without one only the sequence bounds are checked.
+
+Segment ids (packed sequences, SEGMENTS constexpr) further restrict visibility to equal ids. Which key
+blocks can hold a query block's ids (and the reverse) is computed outside the kernels
+(``segment_ranges`` in jax_flash_amd/_launch.py) and narrows the block ranges here; every visited
+block is then masked.
 """
 import triton
 import triton.language as tl
@@ -23,22 +28,47 @@ def head_start(b, h, seq, H: tl.constexpr, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def visible(q_idx, k_idx, seq_q, seq_k, lo_off, hi_off, BANDED: tl.constexpr):
-    """Boolean mask, broadcast of q_idx and k_idx (pass [BM, 1] / [1, BN], or transposed)."""
+def visible(q_idx, k_idx, seq_q, seq_k, lo_off, hi_off, q_seg, k_seg, BANDED: tl.constexpr,
+            SEGMENTS: tl.constexpr):
+    """Boolean mask, broadcast of q_idx and k_idx (pass [BM, 1] / [1, BN], or transposed), and of
+    their segment ids q_seg / k_seg (ignored unless SEGMENTS)."""
     ok = (q_idx < seq_q) & (k_idx < seq_k)
     if BANDED:
         ok = ok & (k_idx >= q_idx + lo_off) & (k_idx <= q_idx + hi_off)
+    if SEGMENTS:
+        ok = ok & (q_seg == k_seg)
     return ok
 
 
 @triton.jit
-def key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BANDED: tl.constexpr):
-    """Keys a query block [start_m, start_m + BLOCK_M) must visit: (start, full_start, full_end, end).
+def load_ids(Seg, b, offs, seq, SEGMENTS: tl.constexpr):
+    """Segment ids of positions offs of batch b ((batch, seq) int32), -1 past the end; 0 if unused."""
+    if SEGMENTS:
+        return tl.load(Seg + b.to(tl.int64) * seq + offs, mask=offs < seq, other=-1)
+    return tl.zeros(offs.shape, tl.int32)
+
+
+@triton.jit
+def segment_span(Ranges, b, block, n_blocks, lo, hi, BLOCK: tl.constexpr):
+    """[lo, hi) narrowed to the positions that can share a segment id with block `block` of batch b:
+    Ranges (batch, n_blocks, 2) int32 holds that range ([0, seq) when ids are not sorted). lo stays a
+    multiple of BLOCK."""
+    row = Ranges + (b.to(tl.int64) * n_blocks + block) * 2
+    lo = tl.maximum(lo, tl.load(row) // BLOCK * BLOCK)
+    hi = tl.maximum(tl.minimum(hi, tl.load(row + 1)), lo)
+    return lo, hi
+
+
+@triton.jit
+def key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, Ranges, b, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BANDED: tl.constexpr, SEGMENTS: tl.constexpr):
+    """Keys a query block [start_m, start_m + BLOCK_M) of batch b must visit: (start, full_start,
+    full_end, end).
 
     Key blocks in [full_start, full_end) are visible to every query row of the block and need no mask;
     [start, full_start) and [full_end, end) need the mask; keys outside [start, end) are invisible to
-    all rows and are skipped. start, full_start, full_end are multiples of BLOCK_N.
+    all rows and are skipped. start, full_start, full_end are multiples of BLOCK_N. With SEGMENTS, only
+    the keys Ranges allows (segment_span) are visited, all of them masked.
     """
     start = 0
     end = seq_k
@@ -53,17 +83,22 @@ def key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, BLOCK_M: tl.constexpr, BLO
         full_start = tl.maximum(full_start, start)
         full_end = tl.maximum(tl.minimum(start_m + hi_off + 1, seq_k), 0) // BLOCK_N * BLOCK_N
         full_end = tl.maximum(full_end, full_start)
+    if SEGMENTS:
+        start, end = segment_span(Ranges, b, start_m // BLOCK_M, tl.cdiv(seq_q, BLOCK_M), start, end, BLOCK_N)
+        full_start = start
+        full_end = start
     return start, full_start, full_end, end
 
 
 @triton.jit
-def query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BANDED: tl.constexpr):
-    """Queries a key block [start_n, start_n + BLOCK_N) must visit: (begin, full_begin, full_end, end).
+def query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, Ranges, b, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BANDED: tl.constexpr, SEGMENTS: tl.constexpr):
+    """Queries a key block [start_n, start_n + BLOCK_N) of batch b must visit: (begin, full_begin,
+    full_end, end).
 
     [begin, full_begin) and [full_end, end) need the mask (the band's edges, the ragged last query
     block); [full_begin, full_end) see every key of the block. All bounds are multiples of BLOCK_M.
-    A ragged last key block is masked throughout.
+    A ragged last key block is masked throughout. SEGMENTS as in key_blocks.
     """
     end = tl.cdiv(seq_q, BLOCK_M) * BLOCK_M
     begin = 0
@@ -81,6 +116,10 @@ def query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, BLOCK_M: tl.constexpr, B
                               full_begin)
     if start_n + BLOCK_N > seq_k:
         full_end = full_begin
+    if SEGMENTS:
+        begin, end = segment_span(Ranges, b, start_n // BLOCK_N, tl.cdiv(seq_k, BLOCK_N), begin, end, BLOCK_M)
+        full_begin = begin
+        full_end = begin
     return begin, full_begin, full_end, end
 
 

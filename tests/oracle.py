@@ -6,8 +6,11 @@ def _f64(x):
     return np.asarray(np.asarray(x).astype(np.float32), np.float64)
 
 
-def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, alibi=None):
-    """Returns dict(out, lse, dq, dk, dv) in float64 for cotangents dout (and dlse, default 0)."""
+def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, alibi=None,
+              segments=None, keep=None, dropout_p=0.0):
+    """Returns dict(out, lse, dq, dk, dv) in float64 for cotangents dout (and dlse, default 0).
+    segments: (q ids (B, Sq), kv ids (B, Sk)); keep: (B, H, Sq, Sk) bool dropout mask, kept
+    probabilities scaled by 1 / (1 - dropout_p)."""
     q, k, v, dout = map(_f64, (q, k, v, dout))
     group = q.shape[2] // k.shape[2]  # grouped-query attention: each key/value head serves `group` query heads
     k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
@@ -29,16 +32,20 @@ def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None, window=(-1,
         s = np.where(j >= i - left, s, -np.inf)
     if right >= 0:
         s = np.where(j <= i + right, s, -np.inf)
+    if segments is not None:
+        q_ids, kv_ids = (np.asarray(x) for x in segments)
+        s = np.where((q_ids[:, :, None] == kv_ids[:, None, :])[:, None], s, -np.inf)
     m = s.max(-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m)
     l = e.sum(-1, keepdims=True)
     p = e / np.where(l == 0, 1.0, l)
     lse = np.where(l[..., 0] == 0, -np.inf, m[..., 0] + np.log(np.where(l[..., 0] == 0, 1.0, l[..., 0])))
-    out = np.einsum("bhqk,bkhd->bqhd", p, v)
+    drop = 1.0 if keep is None else np.asarray(keep) / (1.0 - dropout_p)  # dropout: P -> P * drop
+    out = np.einsum("bhqk,bkhd->bqhd", p * drop, v)
     dlse = np.zeros_like(lse) if dlse is None else _f64(dlse)
-    dv = np.einsum("bhqk,bqhd->bkhd", p, dout)
-    dp = np.einsum("bqhd,bkhd->bhqk", dout, v)
+    dv = np.einsum("bhqk,bqhd->bkhd", p * drop, dout)
+    dp = np.einsum("bqhd,bkhd->bhqk", dout, v) * drop
     delta = np.einsum("bqhd,bqhd->bhq", dout, out)
     ds = p * (dp - delta[..., None] + dlse[..., None]) * dcap
     dq = np.einsum("bhqk,bkhd->bqhd", ds, k) * scale

@@ -74,11 +74,12 @@ def _install_stand_ins(arch_details):
 
 def export_forward_backward(arch: str, head_dim: int, dtype, causal: bool, kv_heads: int, variants: bool):
     _triton.target = lambda: arch  # the arch a ROCm device would report
-    extra = dict(window=(32, 8), softcap=30.0, alibi=True) if variants else {}
+    extra = dict(window=(32, 8), softcap=30.0, alibi=True, dropout_p=0.1, segments=True) if variants else {}
     opts = Options(causal=causal, softmax_scale=head_dim ** -0.5, implementation="triton", **extra)
 
-    def fwd_bwd(q, k, v, dout, dlse, slopes):
-        (out, lse), vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, slopes, opts), q, k, v)
+    def fwd_bwd(q, k, v, dout, dlse, slopes, seeds, segment_ids):
+        variant = (slopes, seeds, segment_ids, segment_ids)
+        (out, lse), vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, variant, opts), q, k, v)
         return out, lse, vjp((dout, dlse))
 
     x = jax.ShapeDtypeStruct((2, 300, 4, head_dim), dtype)
@@ -87,8 +88,10 @@ def export_forward_backward(arch: str, head_dim: int, dtype, causal: bool, kv_he
     # jax-triton's custom call has no export stability guarantee; that is irrelevant to lowering it
     unchecked = [jax.export.DisabledSafetyCheck.custom_call(triton_lib.CUSTOM_CALL_TARGET_NAME)]
     slopes = jax.ShapeDtypeStruct((2, 4), jnp.float32)
-    exported = jax.export.export(jax.jit(fwd_bwd), platforms=["rocm"], disabled_checks=unchecked)(x, kv, kv, x, lse,
-                                                                                                  slopes)
+    seeds = jax.ShapeDtypeStruct((2, 4, 2), jnp.uint32)
+    segment_ids = jax.ShapeDtypeStruct((2, 300), jnp.int32)
+    exported = jax.export.export(jax.jit(fwd_bwd), platforms=["rocm"], disabled_checks=unchecked)(
+        x, kv, kv, x, lse, slopes, seeds, segment_ids)
     return exported.mlir_module().count("triton_kernel_call")
 
 
@@ -101,7 +104,7 @@ def main():
     for arch in archs:
         triton_lib.triton_kernel_call_lib.get_arch_details = lambda device, a=arch: f"{a}:sramecc+:xnack-"
         # D 128 bf16 causal; D 64 fp16 non-causal with every variant: grouped-query heads (4 query,
-        # 2 key/value), a sliding window, softcap and ALiBi
+        # 2 key/value), a sliding window, softcap, ALiBi, dropout and segment ids
         for head_dim, dtype, causal, kv_heads in ((128, jnp.bfloat16, True, 4), (64, jnp.float16, False, 2)):
             start = len(compiled)
             calls = export_forward_backward(arch, head_dim, dtype, causal, kv_heads, variants=kv_heads < 4)

@@ -35,7 +35,16 @@ def _inputs(dtype=jnp.float32, group=1):
     dout = jax.random.normal(ks[3], (B, S, H, D), dtype)
     dlse = jax.random.normal(ks[4], (B, H, S), jnp.float32)
     slopes = jnp.linspace(0.01, 0.5, B * H, dtype=jnp.float32).reshape(B, H)
-    return q, k, v, dout, dlse, slopes
+    seeds = reference.dropout_seeds(ks[4], B, H)
+    q_ids, kv_ids = jnp.arange(S)[None, :] * 3 // S, jnp.arange(T)[None, :] * 3 // T  # three packed segments
+    variant = (slopes, seeds, jnp.broadcast_to(q_ids, (B, S)), jnp.broadcast_to(kv_ids, (B, T)))
+    return q, k, v, dout, dlse, variant
+
+
+def _variant_shardings(mesh, spec):
+    """Shardings of (slopes, seeds, q ids, kv ids) that follow q's batch and heads."""
+    return [NamedSharding(mesh, p) for p in (P(spec[0], spec[2]), P(spec[0], spec[2], None), P(spec[0], None),
+                                             P(spec[0], None))]
 
 
 PARTITION_CALLS = []
@@ -46,11 +55,15 @@ def _stand_in_kernels(group=1):
     partition rule runs (XLA could shard the pure-JAX bodies by itself: the count shows ours did)."""
     scale = D ** -0.5
 
-    def fwd(q, k, v, slopes):
-        return tuple(reference.attention(q, k, v, causal=True, softmax_scale=scale, alibi_slopes=slopes))
+    def fwd(q, k, v, slopes, seeds, q_ids, kv_ids):
+        # every variant operand in use: a shard computes the dropout mask from its own rows' keys
+        return tuple(reference.attention(q, k, v, causal=True, softmax_scale=scale, alibi_slopes=slopes,
+                                         dropout_p=0.2, dropout_seeds=seeds, q_segment_ids=q_ids,
+                                         kv_segment_ids=kv_ids))
 
-    def bwd(q, k, v, slopes, out, lse, dout, dlse):
-        return tuple(jax.vjp(lambda q, k, v: fwd(q, k, v, slopes), q, k, v)[1]((dout, dlse)))
+    def bwd(q, k, v, slopes, seeds, q_ids, kv_ids, out, lse, dout, dlse):
+        variant = (slopes, seeds, q_ids, kv_ids)
+        return tuple(jax.vjp(lambda q, k, v: fwd(q, k, v, *variant), q, k, v)[1]((dout, dlse)))
 
     partition = _spmd._partition
     _spmd._partition = lambda *a: PARTITION_CALLS.append(a[0]) or partition(*a)
@@ -70,16 +83,17 @@ def test_batch_and_head_sharding_run_without_collectives(mesh, spec, group):
     if (H // group) % int(np.prod([mesh.shape[a] for a in head_axes])):
         pytest.skip(f"{H // group} key/value heads do not split over the {head_axes} axes")
     fwd, bwd, fwd_sharded, bwd_sharded = _stand_in_kernels(group)
-    q, k, v, dout, dlse, slopes = _inputs(group=group)
+    q, k, v, dout, dlse, variant = _inputs(group=group)
     sh = NamedSharding(mesh, spec)
     rows = NamedSharding(mesh, P(spec[0], spec[2], None))  # (batch, heads, seq)
-    args = [jax.device_put(x, sh) for x in (q, k, v)] + [jax.device_put(slopes, NamedSharding(mesh, P(spec[0], spec[2])))]
+    args = ([jax.device_put(x, sh) for x in (q, k, v)]
+            + [jax.device_put(x, s) for x, s in zip(variant, _variant_shardings(mesh, spec))])
     f = jax.jit(fwd_sharded)
     PARTITION_CALLS.clear()
     out, lse = f(*args)
     assert PARTITION_CALLS == [fwd], "the forward was not partitioned by _spmd's rule"
     assert out.sharding.is_equivalent_to(sh, 4) and lse.sharding.is_equivalent_to(rows, 3)
-    for got, want in zip((out, lse), fwd(q, k, v, slopes)):
+    for got, want in zip((out, lse), fwd(q, k, v, *variant)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
     assert not re.findall(COLLECTIVES, f.lower(*args).compile().as_text())
 
@@ -88,7 +102,7 @@ def test_batch_and_head_sharding_run_without_collectives(mesh, spec, group):
     g = jax.jit(bwd_sharded)
     grads = g(*bargs)
     assert PARTITION_CALLS == [bwd], "the backward was not partitioned by _spmd's rule"
-    for got, want in zip(grads, bwd(q, k, v, slopes, *fwd(q, k, v, slopes), dout, dlse)):
+    for got, want in zip(grads, bwd(q, k, v, *variant, *fwd(q, k, v, *variant), dout, dlse)):
         assert got.sharding.is_equivalent_to(sh, 4)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4, rtol=1e-4)
     assert not re.findall(COLLECTIVES, g.lower(*bargs).compile().as_text())
@@ -96,23 +110,24 @@ def test_batch_and_head_sharding_run_without_collectives(mesh, spec, group):
 
 def test_sequence_sharding_is_gathered_with_a_warning(mesh):
     fwd, _, fwd_sharded, _ = _stand_in_kernels()
-    q, k, v, _, _, slopes = _inputs()
+    q, k, v, _, _, variant = _inputs()
     sh = NamedSharding(mesh, P("data", "model", None, None))
     _spmd._warn_gather.cache_clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out, _ = jax.jit(fwd_sharded)(*[jax.device_put(x, sh) for x in (q, k, v)], slopes)
+        out, _ = jax.jit(fwd_sharded)(*[jax.device_put(x, sh) for x in (q, k, v)], *variant)
     assert any("gathered" in str(w.message) for w in caught)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(fwd(q, k, v, slopes)[0]), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(fwd(q, k, v, *variant)[0]), atol=1e-5, rtol=1e-5)
 
 
 def test_stand_in_inside_shard_map(mesh):
     fwd, _, fwd_sharded, _ = _stand_in_kernels()
-    q, k, v, _, _, slopes = _inputs()
+    q, k, v, _, _, variant = _inputs()
     spec = P("data", None, "model", None)
-    f = jax.jit(jax.shard_map(lambda q, k, v, s: fwd_sharded(q, k, v, s)[0], mesh=mesh,
-                              in_specs=(spec, spec, spec, P("data", "model")), out_specs=spec))
-    np.testing.assert_allclose(np.asarray(f(q, k, v, slopes)), np.asarray(fwd(q, k, v, slopes)[0]), atol=1e-5,
+    variant_specs = tuple(s.spec for s in _variant_shardings(mesh, spec))
+    f = jax.jit(jax.shard_map(lambda q, k, v, *var: fwd_sharded(q, k, v, *var)[0], mesh=mesh,
+                              in_specs=(spec, spec, spec, *variant_specs), out_specs=spec))
+    np.testing.assert_allclose(np.asarray(f(q, k, v, *variant)), np.asarray(fwd(q, k, v, *variant)[0]), atol=1e-5,
                                rtol=1e-5)
 
 

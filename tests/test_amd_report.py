@@ -25,7 +25,7 @@ def test_default_configs_pass_on_every_amd_arch():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = proc.stdout
     for arch in amd_report.AMD_ARCHS:
-        for kernel in ("fwd", "preprocess", "dkdv", "dq"):
+        for kernel in ("fwd", "preprocess", "dkdv", "dq", "fwd+dropout", "dkdv+dropout", "dq+dropout"):
             for d in (64, 128, 256):
                 assert f"| {arch} | {kernel} | {d} | bfloat16 |" in table and f"| {arch} | {kernel} | {d} | float16 |" in table
-    assert "check: 126/126 kernels pass" in proc.stderr
+    assert "check: 180/180 kernels pass" in proc.stderr  # 3 archs x 3 head dims x 2 dtypes x 10 kernels

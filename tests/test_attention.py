@@ -6,20 +6,27 @@ import pytest
 
 import jax_flash_amd
 import oracle
+from jax_flash_amd import reference
 from helpers import KERNEL_IMPLS, assert_close, inputs, run
 
 DTYPES = [jnp.float16, jnp.bfloat16, jnp.float32]
 
 
 def _check(impl, b, sq, sk, h, d, dtype, causal, seed=0, q_scale=1.0, scale=None, h_kv=None, window=(-1, -1),
-           softcap=0.0, alibi=None):
+           softcap=0.0, alibi=None, segments=None, dropout_p=0.0):
     q, k, v, dout, dlse = inputs((b, sq, h, d), (b, sk, h_kv or h, d), dtype, seed, q_scale)
-    kw = dict(causal=causal, softmax_scale=scale, window_size=window, softcap=softcap, alibi_slopes=alibi)
+    rng = jax.random.key(seed + 1000) if dropout_p > 0 else None
+    kw = dict(causal=causal, softmax_scale=scale, window_size=window, softcap=softcap, alibi_slopes=alibi,
+              dropout_p=dropout_p, dropout_rng=rng)
+    if segments is not None:
+        kw.update(q_segment_ids=segments[0], kv_segment_ids=segments[1])
     got = run(impl, q, k, v, dout, dlse, **kw)
     base = run("xla", q, k, v, dout, dlse, **kw)
     slopes = None if alibi is None else np.broadcast_to(np.asarray(alibi, np.float64), (b, h))
+    # the dropout mask is drawn bit for bit as the kernels draw it (test_dropout_* check that separately)
+    keep = None if rng is None else reference.dropout_keep(reference.dropout_seeds(rng, b, h), sq, sk, dropout_p)
     ref = oracle.attention(q, k, v, dout, dlse, causal=causal, scale=scale, window=window, softcap=softcap,
-                           alibi=slopes)
+                           alibi=slopes, segments=segments, keep=keep, dropout_p=dropout_p)
     assert_close(got, ref, base, dtype)
     for name, x in (("out", q), ("dq", q), ("dk", k), ("dv", v)):
         assert got[name].shape == x.shape and got[name].dtype == x.dtype, name
@@ -95,11 +102,51 @@ def test_alibi(impl, causal, per_batch):
     _check(impl, 2, 97, 150, 3, 32, jnp.float16, causal=causal, alibi=jnp.asarray(slopes), seed=5)
 
 
+def _packed_ids(b, seq, lengths, seed):
+    """(b, seq) int32 sorted segment ids: runs of the given lengths (cycled), shifted per row."""
+    rows = []
+    for r in range(b):
+        ids, seg, i = [], seed + r, 0
+        while len(ids) < seq:
+            ids += [seg] * lengths[i % len(lengths)]
+            seg, i = seg + 1, i + 1
+        rows.append(ids[:seq])
+    return jnp.asarray(rows, jnp.int32)
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("layout", ["packed", "packed-ragged", "unsorted"])
+def test_segment_ids(impl, causal, layout):
+    # packed: sorted ids, so key blocks of other segments are skipped; ragged: seq_q != seq_k with
+    # different runs on each side, so some query rows share an id with no key (output 0, lse -inf);
+    # unsorted: no block is skipped, the mask alone decides
+    sq, sk = (190, 190) if layout == "packed" else (173, 211)
+    if layout == "unsorted":
+        q_ids = jax.random.randint(jax.random.key(1), (2, sq), 0, 4)
+        kv_ids = jax.random.randint(jax.random.key(2), (2, sk), 0, 4)
+    else:
+        q_ids = _packed_ids(2, sq, [70, 3, 41, 100] if layout == "packed" else [50, 17, 90], 0)
+        kv_ids = q_ids if layout == "packed" else _packed_ids(2, sk, [60, 5, 130], 1)
+    _check(impl, 2, sq, sk, 2, 40, jnp.float16, causal=causal, segments=(q_ids, kv_ids), seed=len(layout))
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_dropout(impl, dtype, causal):
+    # forward and backward against float64 with the mask the kernels draw (odd lengths, seq_q != seq_k)
+    _check(impl, 2, 131, 77, 2, 40, dtype, causal=causal, dropout_p=0.17, seed=3)
+
+
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_every_variant_together(impl):
     slopes = jnp.array([0.3, 0.1, 0.2, 0.05], jnp.float32)
     _check(impl, 2, 140, 101, 4, 48, jnp.bfloat16, causal=True, h_kv=2, window=(37, 0), softcap=8.0, alibi=slopes,
            seed=11)
+    segments = (_packed_ids(2, 140, [60, 50, 30], 0), _packed_ids(2, 101, [40, 45, 16], 0))
+    _check(impl, 2, 140, 101, 4, 48, jnp.bfloat16, causal=True, h_kv=2, window=(37, 0), softcap=8.0, alibi=slopes,
+           segments=segments, dropout_p=0.1, seed=12)
 
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)

@@ -24,3 +24,19 @@ def test_shapes_follow_the_protocol():
     assert dict(B=32, N=512, H=32, D=64, causal=True, dtype="bfloat16") in s
     assert dict(B=1, N=16384, H=8, D=256, causal=True, dtype="bfloat16") in s
     assert s[-1] == dict(B=1, N=131072, H=16, D=128, causal=True, dtype="bfloat16")
+
+
+def test_variant_report_names_misses():
+    from benchmarks import variants
+
+    timing = lambda f, fb: dict(fwd_ms=f, bwd_ms=fb - f, fwdbwd_ms=fb)  # noqa: E731
+    rows = [dict(case="gqa", B=4, N=4096, H=32, target=1.05, judged_on="fwd_ms,bwd_ms", met=False,
+                 variant=timing(1.0, 3.5), baseline=timing(1.0, 3.0), ratios=dict(fwd_ms=1.0, bwd_ms=1.25,
+                                                                                   fwdbwd_ms=1.167)),
+            dict(case="seg", B=4, N=4096, H=16, target=None, variant=timing(1, 2), baseline=timing(2, 4),
+                 ratios=dict(fwd_ms=0.5, bwd_ms=0.5, fwdbwd_ms=0.5)),
+            dict(case="oom", B=1, N=1, H=1, error="XlaRuntimeError: out of memory")]
+    md = variants.markdown(rows)
+    assert "| 1.00 / 1.25 / 1.17 | <= 1.05x (fwd,bwd) | **no** |" in md
+    assert "| 0.50 / 0.50 / 0.50 | - | - |" in md and "error: XlaRuntimeError" in md
+    assert len(variants.cases()) == 6

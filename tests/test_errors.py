@@ -14,6 +14,8 @@ from conftest import ON_GPU
 from helpers import KERNEL_IMPLS
 
 Q = jnp.zeros((1, 8, 2, 16), jnp.float16)
+KEY = jax.random.key(0)
+IDS = jnp.zeros((1, 8), jnp.int32)
 
 
 @pytest.mark.parametrize("args,kwargs,exc,match", [
@@ -45,6 +47,17 @@ Q = jnp.zeros((1, 8, 2, 16), jnp.float16)
     ((Q, Q, Q), {"softmax_scale": jnp.float32(0.1)}, TypeError, "softmax_scale must be a static Python number"),
     ((Q, Q, Q), {"causal": 1}, TypeError, "causal must be a Python bool"),
     ((Q, Q, Q), {"return_lse": "yes"}, TypeError, "return_lse must be a Python bool"),
+    ((Q, Q, Q), {"dropout_p": 1.0, "dropout_rng": KEY}, ValueError, r"dropout_p must be in \[0, 1\)"),
+    ((Q, Q, Q), {"dropout_p": -0.1, "dropout_rng": KEY}, ValueError, r"dropout_p must be in \[0, 1\)"),
+    ((Q, Q, Q), {"dropout_p": 0.1}, ValueError, "dropout_p=0.1 needs dropout_rng"),
+    ((Q, Q, Q), {"dropout_p": jnp.float32(0.1), "dropout_rng": KEY}, TypeError, "dropout_p must be a static"),
+    ((Q, Q, Q), {"dropout_p": 0.1, "dropout_rng": 3}, TypeError, "dropout_rng must be one JAX PRNG key"),
+    ((Q, Q, Q), {"dropout_p": 0.1, "dropout_rng": jax.random.split(KEY, 2)}, TypeError, "dropout_rng must be one"),
+    ((Q, Q, Q), {"q_segment_ids": IDS[:, :5]}, ValueError, r"q_segment_ids must have shape \(batch, seq\) = \(1, 8\)"),
+    ((Q, Q, Q), {"q_segment_ids": IDS, "kv_segment_ids": IDS[None]}, ValueError, "kv_segment_ids must have shape"),
+    ((Q, Q, Q), {"q_segment_ids": IDS.astype(jnp.float32)}, TypeError, "q_segment_ids must be int32"),
+    ((Q, Q, Q), {"q_segment_ids": [[0] * 8]}, TypeError, "q_segment_ids must be an integer array"),
+    ((Q, Q[:, :4], Q[:, :4]), {"q_segment_ids": IDS}, ValueError, "kv_segment_ids is needed too"),
 ])
 def test_bad_input(args, kwargs, exc, match):
     with pytest.raises(exc, match=match):
@@ -79,3 +92,29 @@ def test_interpret_without_env_var_says_how():
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "TRITON_INTERPRET=1" in proc.stderr and "RuntimeError" in proc.stderr
+
+
+def test_flash_attn_func_names_and_refusals():
+    x = jax.random.normal(jax.random.key(1), (1, 9, 2, 16), jnp.float32)
+    got = jax_flash_amd.flash_attn_func(x, x, x, 0.0, 0.5, True, (3, 0), 0.0, None, True)  # FA's positional order
+    want = jax_flash_amd.attention(x, x, x, softmax_scale=0.5, causal=True, window_size=(3, 0))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    got = jax_flash_amd.flash_attn_func(x, x, x, dropout_p=0.2, dropout_rng=KEY)
+    want = jax_flash_amd.attention(x, x, x, dropout_p=0.2, dropout_rng=KEY)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(NotImplementedError, match="return_attn_probs"):
+        jax_flash_amd.flash_attn_func(x, x, x, return_attn_probs=True)
+    with pytest.raises(ValueError, match="needs dropout_rng"):
+        jax_flash_amd.flash_attn_func(x, x, x, dropout_p=0.1)
+
+
+def test_raw_prng_key_and_narrow_ids_are_accepted():
+    x = jax.random.normal(jax.random.key(1), (1, 9, 2, 16), jnp.float32)
+    raw = jax.random.PRNGKey(3)
+    out = jax_flash_amd.attention(x, x, x, dropout_p=0.5, dropout_rng=raw, implementation="xla")
+    assert np.isfinite(np.asarray(out)).all()
+    ids = jnp.array([[0, 0, 0, 1, 1, 1, 1, 2, 2]], jnp.int8)
+    a = jax_flash_amd.attention(x, x, x, q_segment_ids=ids, implementation="xla")
+    b = jax_flash_amd.attention(x, x, x, q_segment_ids=ids.astype(jnp.int32), kv_segment_ids=ids.astype(jnp.int32),
+                                implementation="xla")
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -59,3 +59,25 @@ def test_nested_vmap_and_other_axis(impl):
     out = jax.vmap(f, in_axes=(2, 0, 0))(moved, k, v)
     for i in range(2):
         _close(out[i], f(q[i], k[i], v[i]))
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS + ["xla"])
+def test_vmap_over_dropout_keys_and_segment_ids(impl):
+    # per-example keys and ids are folded into the batch with their rows: the same masks as a loop
+    q, k, v, ct = _data(3)
+    keys = jax.random.split(jax.random.key(0), 3)
+    q_ids = jnp.sort(jax.random.randint(jax.random.key(1), (3, 2, 37), 0, 3), axis=-1)
+    kv_ids = jnp.sort(jax.random.randint(jax.random.key(2), (3, 2, 29), 0, 3), axis=-1)
+
+    def loss(q, k, v, key, qi, ki, ct):
+        out = jax_flash_amd.attention(q, k, v, dropout_p=0.3, dropout_rng=key, q_segment_ids=qi, kv_segment_ids=ki,
+                                      implementation=impl)
+        return jnp.sum(out.astype(jnp.float32) * ct)
+
+    grad = jax.value_and_grad(loss, argnums=(0, 1, 2))
+    value, grads = jax.jit(jax.vmap(grad))(q, k, v, keys, q_ids, kv_ids, ct)
+    for i in range(3):
+        v_i, g_i = grad(q[i], k[i], v[i], keys[i], q_ids[i], kv_ids[i], ct[i])
+        _close(value[i], v_i)
+        for g, gi in zip(grads, g_i):
+            _close(g[i], gi)

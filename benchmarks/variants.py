@@ -1,0 +1,120 @@
+"""What each attention variant costs, against the same kernels without it, in one process and one run.
+
+    python -m benchmarks.variants            # writes benchmarks/results/<gpu>_variants.{json,md}
+
+Each case is a pair (variant, baseline) of jax_flash_amd calls (implementation="triton", bf16) whose time
+ratio has a target (issue 4 of the project):
+- GQA 32 query / 8 key-value heads vs 32-head MHA at N 4096, D 128: forward and backward each <= 1.05x;
+- window (1024, 0) vs full causal at N 16384, D 128: forward+backward <= 0.15x;
+- dropout 0.1 vs none at N 4096, D 128: forward+backward <= 1.3x;
+- packed segment ids (4 sequences of N / 4) vs one causal sequence: informational (skipped blocks).
+Times are medians (jax_flash_amd.timing) of the forward and of forward+backward; backward = their difference.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+import jax_flash_amd
+from benchmarks.attention import gpu_slug, measure, save
+
+D = 128
+
+
+def _case(name, target_key, target, b, n, h, h_kv, causal, variant_kw, base_kw, base_h_kv=None):
+    return dict(name=name, target_key=target_key, target=target, B=b, N=n, H=h, H_kv=h_kv, causal=causal,
+                variant=variant_kw, base=base_kw, base_H_kv=base_h_kv or h_kv)
+
+
+def cases(n_seg: int = 4096) -> list[dict]:
+    ids = jnp.repeat(jnp.arange(4, dtype=jnp.int32), n_seg // 4)[None]
+    return [
+        _case("gqa 32q/8kv vs mha, causal", "fwd_ms,bwd_ms", 1.05, 4, 4096, 32, 8, True, {}, {}, base_h_kv=32),
+        _case("gqa 32q/8kv vs mha, full", "fwd_ms,bwd_ms", 1.05, 4, 4096, 32, 8, False, {}, {}, base_h_kv=32),
+        _case("window (1024, 0) vs causal, N 16384", "fwdbwd_ms", 0.15, 1, 16384, 16, 16, True,
+              dict(window_size=(1024, 0)), {}),
+        _case("dropout 0.1 vs none, causal", "fwdbwd_ms", 1.3, 4, 4096, 16, 16, True,
+              dict(dropout_p=0.1, dropout_rng=jax.random.key(0)), {}),
+        _case("dropout 0.1 vs none, full", "fwdbwd_ms", 1.3, 4, 4096, 16, 16, False,
+              dict(dropout_p=0.1, dropout_rng=jax.random.key(0)), {}),
+        _case("4 packed segments vs one sequence, causal", "fwdbwd_ms", None, 4, n_seg, 16, 16, True,
+              dict(q_segment_ids=jnp.broadcast_to(ids, (4, n_seg))), {}),
+    ]
+
+
+def _fn(kw):
+    def fn(q, k, v, causal):
+        return jax_flash_amd.attention(q, k, v, causal=causal, implementation="triton", **kw)
+    return fn
+
+
+def _inputs(c, h_kv):
+    keys = jax.random.split(jax.random.key(1), 4)
+    q = jax.random.normal(keys[0], (c["B"], c["N"], c["H"], D), jnp.bfloat16)
+    k, v = (jax.random.normal(kk, (c["B"], c["N"], h_kv, D), jnp.bfloat16) for kk in keys[1:3])
+    return q, k, v, jax.random.normal(keys[3], q.shape, jnp.bfloat16)
+
+
+def run_case(c) -> dict:
+    s = dict(B=c["B"], N=c["N"], H=c["H"], D=D, causal=c["causal"], dtype="bfloat16")
+    var = measure("variant", _fn(c["variant"]), s, _inputs(c, c["H_kv"]), None)
+    base = measure("baseline", _fn(c["base"]), s, _inputs(c, c["base_H_kv"]), None)
+    row = dict(case=c["name"], **s, target=c["target"], variant=var, baseline=base)
+    for r in (var, base):
+        if "fwd_ms" in r:
+            r["bwd_ms"] = round(r["fwdbwd_ms"] - r["fwd_ms"], 4)
+    if "error" in var or "error" in base:
+        row["error"] = var.get("error") or base.get("error")
+        return row
+    row["ratios"] = {k: round(var[k] / base[k], 3) for k in ("fwd_ms", "bwd_ms", "fwdbwd_ms")}
+    if c["target"] is not None:
+        row["met"] = all(row["ratios"][k] <= c["target"] for k in c["target_key"].split(","))
+        row["judged_on"] = c["target_key"]
+    return row
+
+
+def markdown(rows) -> str:
+    lines = ["| case | B | N | H | variant fwd / bwd / f+b ms | baseline fwd / bwd / f+b ms | ratio fwd / bwd / f+b "
+             "| target | met |", "|" + "---|" * 9]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['case']} | {r['B']} | {r['N']} | {r['H']} | error: {r['error'][:80]} | | | | |")
+            continue
+        v, b, x = r["variant"], r["baseline"], r["ratios"]
+        ms = lambda t: f"{t['fwd_ms']:.3f} / {t['bwd_ms']:.3f} / {t['fwdbwd_ms']:.3f}"  # noqa: E731
+        target = f"<= {r['target']}x ({r['judged_on'].replace('_ms', '')})" if r["target"] else "-"
+        met = {True: "yes", False: "**no**"}.get(r.get("met"), "-")
+        lines.append(f"| {r['case']} | {r['B']} | {r['N']} | {r['H']} | {ms(v)} | {ms(b)} | "
+                     f"{x['fwd_ms']:.2f} / {x['bwd_ms']:.2f} / {x['fwdbwd_ms']:.2f} | {target} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.variants", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="", help="run only the cases whose name contains this")
+    args = ap.parse_args(argv)
+    env = dict(gpu=jax.devices()[0].device_kind, jax=jax.__version__, date=time.strftime("%Y-%m-%d"))
+    base = os.path.join(os.path.dirname(__file__), "results", gpu_slug() + "_variants")
+    rows = []
+    if args.only and os.path.exists(base + ".json"):  # keep the other cases' rows
+        with open(base + ".json") as fh:
+            rows = [r for r in json.load(fh) if args.only not in r["case"]]
+    for c in cases():
+        if args.only in c["name"]:
+            rows.append(run_case(c) | {"env": env})
+            print(f"{c['name']}: {rows[-1].get('ratios', rows[-1].get('error'))}", file=sys.stderr, flush=True)
+    order = [c["name"] for c in cases()]
+    rows.sort(key=lambda r: order.index(r["case"]) if r["case"] in order else len(order))
+    save(base, rows, f"# Attention variants on {env['gpu']} (bf16, D {D}, jax {env['jax']}, {env['date']})\n\n"
+         + markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

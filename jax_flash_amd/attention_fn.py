@@ -1,0 +1,73 @@
+"""`flash_attention_fn`: the kernels as a drop-in `attention_fn` for Flax's attention modules
+(flax.linen.MultiHeadDotProductAttention and flax.nnx.MultiHeadAttention), taking the keyword arguments
+those pass."""
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+
+import jax.numpy as jnp
+
+from jax_flash_amd.api import attention
+
+
+def flash_attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout: bool = True, dropout_rng=None,
+                       dropout_rate: float = 0.0, deterministic: bool = False, dtype=None, precision=None,
+                       module=None, is_causal: bool = False, force_fp32_for_softmax: bool = False,
+                       qk_attn_weights_einsum=None, attn_weights_value_einsum=None, *, causal: bool = False,
+                       q_segment_ids=None, kv_segment_ids=None, implementation: str | None = None):
+    """Flax's ``dot_product_attention`` signature over ``jax_flash_amd.attention``.
+
+    Use as ``attention_fn=jax_flash_amd.flash_attention_fn`` in ``flax.linen.MultiHeadDotProductAttention``
+    or ``flax.nnx.MultiHeadAttention``; bind the options Flax does not pass with functools.partial, e.g.
+    ``functools.partial(flash_attention_fn, causal=True)`` (nnx also passes ``is_causal``).
+
+    query (batch..., q_len, heads_q, head_dim), key / value (batch..., kv_len, heads_kv, head_dim); heads_q
+    a multiple of heads_kv. Dropout (``dropout_rate`` > 0 and not ``deterministic``) is the kernels'
+    in-kernel dropout with ``dropout_rng``; its mask is drawn independently per batch element and head, so
+    ``broadcast_dropout=True`` (Flax's default: one mask shared along the batch) is not reproduced: a
+    one-time warning says so. ``precision`` and ``force_fp32_for_softmax`` change nothing: the kernels
+    always take exact dots of the input dtype and a float32 softmax.
+
+    What the kernels cannot express runs on Flax's own ``nnx.dot_product_attention`` (O(N^2) memory),
+    correctly, with a one-time warning: a dense ``mask`` or ``bias``, and ``module`` (attention weights to
+    sow). Custom einsums (``qk_attn_weights_einsum`` etc., AQT) are refused with a ValueError.
+    """
+    if qk_attn_weights_einsum is not None or attn_weights_value_einsum is not None:
+        raise ValueError("flash_attention_fn cannot run custom einsums (qk_attn_weights_einsum / "
+                         "attn_weights_value_einsum, e.g. AQT quantisation): the attention runs inside the "
+                         "Triton kernels. Use Flax's dot_product_attention for those modules.")
+    causal = bool(causal or is_causal)
+    dtype = dtype or jnp.result_type(query, key, value)
+    query, key, value = (jnp.asarray(x, dtype) for x in (query, key, value))
+    dropout_p = 0.0 if deterministic else float(dropout_rate)
+    if bias is not None or mask is not None or module is not None:
+        reason = "a dense mask" if mask is not None else "a bias" if bias is not None else "attention weights to sow"
+        _warn_once(f"jax_flash_amd.flash_attention_fn got {reason}, which the kernels cannot express; this call "
+                   "runs on Flax's dot_product_attention (O(N^2) memory). Use causal=True / segment ids instead "
+                   "of a mask to stay on the kernels.")
+        from flax import nnx
+
+        if q_segment_ids is not None or kv_segment_ids is not None:
+            kv_ids = q_segment_ids if kv_segment_ids is None else kv_segment_ids
+            q_ids = kv_ids if q_segment_ids is None else q_segment_ids
+            same = (q_ids[..., :, None] == kv_ids[..., None, :])[..., None, :, :]
+            mask = same if mask is None else jnp.logical_and(mask, same)
+        return nnx.dot_product_attention(query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
+                                         deterministic, dtype, precision, module, is_causal=causal)
+    if dropout_p > 0 and broadcast_dropout:
+        _warn_once("jax_flash_amd.flash_attention_fn: broadcast_dropout=True (one dropout mask shared along the "
+                   "batch) is not reproduced; the kernels draw an independent mask per batch element and head "
+                   "(as broadcast_dropout=False).")
+    batch = query.shape[:-3]
+    flat = lambda x: None if x is None else x.reshape(math.prod(batch), *x.shape[len(batch):])  # noqa: E731
+    out = attention(flat(query), flat(key), flat(value), causal=causal, dropout_p=dropout_p,
+                    dropout_rng=dropout_rng if dropout_p > 0 else None, q_segment_ids=flat(q_segment_ids),
+                    kv_segment_ids=flat(kv_segment_ids), implementation=implementation)
+    return out.reshape(query.shape)
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, stacklevel=3)

@@ -1,0 +1,106 @@
+"""`FlashSelfAttention` for flax.linen: MultiHeadDotProductAttention's fields and parameter tree, with the
+attention in the Triton kernels."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax.linen.attention import default_kernel_init
+
+from jax_flash_amd.attention_fn import flash_attention_fn
+
+
+def decode_step(cache_index, cached_key, cached_value, key, value):
+    """One autoregressive step on a key/value cache (batch..., max_len, heads_kv, head_dim): writes key /
+    value (one position) at cache_index and returns (keys, values, (q ids, kv ids)), ids that let the one
+    query see the cached positions <= cache_index (segment ids: 1 there, 0 beyond), and the next index."""
+    *batch, max_len, _, _ = cached_key.shape
+    if key.shape[-3] != 1:
+        raise ValueError(f"decode=True feeds one position per call; got a length of {key.shape[-3]}")
+    zero = jnp.zeros((), jnp.int32)
+    at = (zero,) * len(batch) + (cache_index, zero, zero)
+    keys = jax.lax.dynamic_update_slice(cached_key, key.astype(cached_key.dtype), at)
+    values = jax.lax.dynamic_update_slice(cached_value, value.astype(cached_value.dtype), at)
+    kv_ids = jnp.broadcast_to((jnp.arange(max_len) <= cache_index).astype(jnp.int32), (*batch, max_len))
+    q_ids = jnp.ones((*batch, 1), jnp.int32)
+    return keys, values, (q_ids, kv_ids), cache_index + 1
+
+
+class FlashSelfAttention(nn.Module):
+    """Multi-head self-attention with the fields of ``flax.linen.MultiHeadDotProductAttention`` and the same
+    parameter tree (``query``, ``key``, ``value``, ``out``; ``query_ln`` / ``key_ln`` with normalize_qk), so
+    a checkpoint of either loads into the other; given Flax's module a causal mask and ``causal=True`` here,
+    both compute the same function.
+
+    Extra fields: ``causal`` (bottom-right aligned causal mask, computed in the kernels) and
+    ``implementation`` (jax_flash_amd.attention's). ``__call__(x, *, segment_ids=None, deterministic=None)``:
+    x (batch..., length, features); segment_ids (batch..., length) int32 restricts attention to equal ids
+    (packed sequences). Dropout (``dropout_rate`` > 0, not deterministic) draws its key from the module's
+    'dropout' rng stream and runs inside the kernels (no dense mask); masks are independent per batch
+    element and head, so ``broadcast_dropout`` must stay False. ``decode=True`` (autoregressive cache,
+    one position per call, as Flax's) attends to the cache through segment ids on the kernels.
+    """
+    num_heads: int
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    qkv_features: int | None = None
+    out_features: int | None = None
+    broadcast_dropout: bool = False
+    dropout_rate: float = 0.0
+    deterministic: bool | None = None
+    precision: Any = None
+    kernel_init: Callable = default_kernel_init
+    out_kernel_init: Callable | None = None
+    bias_init: Callable = nn.initializers.zeros_init()
+    out_bias_init: Callable | None = None
+    use_bias: bool = True
+    decode: bool = False
+    normalize_qk: bool = False
+    causal: bool = False
+    implementation: str | None = None
+
+    @nn.compact
+    def __call__(self, x, *, segment_ids=None, deterministic: bool | None = None):
+        qkv_features = self.qkv_features or x.shape[-1]
+        if qkv_features % self.num_heads:
+            raise ValueError(f"qkv_features ({qkv_features}) must be divisible by num_heads ({self.num_heads})")
+        if self.broadcast_dropout and self.dropout_rate > 0:
+            raise ValueError("broadcast_dropout=True is not supported: the kernels draw an independent dropout "
+                             "mask per batch element and head; set broadcast_dropout=False")
+        dense = functools.partial(nn.DenseGeneral, axis=-1, dtype=self.dtype, param_dtype=self.param_dtype,
+                                  features=(self.num_heads, qkv_features // self.num_heads),
+                                  kernel_init=self.kernel_init, bias_init=self.bias_init, use_bias=self.use_bias,
+                                  precision=self.precision)
+        query, key, value = dense(name="query")(x), dense(name="key")(x), dense(name="value")(x)
+        if self.normalize_qk:
+            ln = functools.partial(nn.LayerNorm, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)
+            query, key = ln(name="query_ln")(query), ln(name="key_ln")(key)
+
+        ids, causal = (segment_ids, segment_ids), self.causal
+        if self.decode:
+            initialized = self.has_variable("cache", "cached_key")
+            cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+            cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+            index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+            if initialized:
+                if segment_ids is not None:
+                    raise ValueError("segment_ids cannot be combined with decode=True")
+                key, value, ids, index.value = decode_step(index.value, cached_key.value, cached_value.value, key,
+                                                           value)
+                cached_key.value, cached_value.value = key, value
+                causal = False  # the ids say which cached positions the query sees
+
+        rng, rate = None, 0.0
+        if self.dropout_rate > 0 and not nn.merge_param("deterministic", self.deterministic, deterministic):
+            rng, rate = self.make_rng("dropout"), self.dropout_rate
+        out = flash_attention_fn(query, key, value, dropout_rng=rng, dropout_rate=rate, deterministic=rate == 0,
+                                 broadcast_dropout=False, dtype=self.dtype, causal=causal, q_segment_ids=ids[0],
+                                 kv_segment_ids=ids[1], implementation=self.implementation)
+        return nn.DenseGeneral(features=self.out_features or x.shape[-1], axis=(-2, -1),
+                               kernel_init=self.out_kernel_init or self.kernel_init,
+                               bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias,
+                               dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision,
+                               name="out")(out)

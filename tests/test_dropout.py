@@ -1,0 +1,92 @@
+"""Dropout: the kernels' mask is Philox's, the same in forward and backward, per key, and as frequent as p."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash_amd
+from helpers import KERNEL_IMPLS
+from jax_flash_amd import reference
+
+IMPLS = KERNEL_IMPLS + ["xla"]
+
+
+def _probe(impl, p, rng, b=2, sq=50, h=3, sk=64, causal=False):
+    """With q = k = 0 every visible key gets probability 1 / (visible keys); with v = identity (head_dim
+    = seq_k) the output row is those probabilities after dropout: out[b, i, h, j] = keep_ij / (1 - p) / n."""
+    q = jnp.zeros((b, sq, h, sk), jnp.float32)
+    k = jnp.zeros((b, sk, h, sk), jnp.float32)
+    v = jnp.broadcast_to(jnp.eye(sk, dtype=jnp.float32)[None, :, None, :], (b, sk, h, sk))
+    f = lambda q, k, v: jax_flash_amd.attention(q, k, v, causal=causal, dropout_p=p, dropout_rng=rng,  # noqa: E731
+                                                implementation=impl)
+    return f, (q, k, v)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_mask_is_the_reference_mask_and_backward_uses_it(impl, causal):
+    p, rng = 0.3, jax.random.key(7)
+    f, (q, k, v) = _probe(impl, p, rng, causal=causal)
+    out, vjp = jax.vjp(f, q, k, v)
+    b, sq, h, sk = out.shape
+    kept = np.asarray(out > 0).transpose(0, 2, 1, 3)  # (b, h, sq, sk)
+    visible = np.asarray(reference.visible(sq, sk, causal))
+    expected = np.asarray(reference.dropout_keep(reference.dropout_seeds(rng, b, h), sq, sk, p)) & visible
+    np.testing.assert_array_equal(kept, expected)
+    n = visible.sum(-1)[None, None, :, None]
+    np.testing.assert_allclose(np.asarray(out).transpose(0, 2, 1, 3), expected / (1 - p) / n, rtol=1e-6)
+    # the backward regenerates the forward's mask: dV = P_dropped^T dO, with P_dropped = out here
+    dout = jax.random.normal(jax.random.key(1), out.shape, jnp.float32)
+    _, _, dv = vjp(dout)
+    p_dropped = np.asarray(out, np.float64)  # (b, sq, h, sk)
+    want = np.einsum("bqhk,bqhd->bkhd", p_dropped, np.asarray(dout, np.float64))
+    np.testing.assert_allclose(np.asarray(dv), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_same_key_same_result_other_key_other_mask(impl):
+    f1, args = _probe(impl, 0.5, jax.random.key(3))
+    f2, _ = _probe(impl, 0.5, jax.random.key(4))
+    grad = lambda f: jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * args[2][:, :50]), argnums=(0, 1, 2))  # noqa: E731
+    a, b = f1(*args), f1(*args)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for x, y in zip(grad(f1)(*args), grad(f1)(*args)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert not np.array_equal(np.asarray(a > 0), np.asarray(f2(*args) > 0))
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_dropped_fraction_in_kernel(impl):
+    p = 0.25
+    f, args = _probe(impl, p, jax.random.key(11), b=2, sq=100, h=4, sk=64)
+    frac = 1.0 - float(jnp.mean(f(*args) > 0))  # 51,200 draws: standard error 0.002
+    assert abs(frac - p) < 0.01, frac
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropped_fraction_of_the_mask(p):
+    keep = reference.dropout_keep(reference.dropout_seeds(jax.random.key(0), 4, 8), 256, 256, p)
+    frac = 1.0 - float(jnp.mean(keep))  # 2M draws: standard error < 0.0004
+    assert abs(frac - p) < 0.002, frac
+    # no structure along rows or columns (a broken counter repeats patterns)
+    assert np.asarray(keep[0, 0, :, 0] != keep[0, 0, :, 4]).any()
+    assert not np.array_equal(np.asarray(keep[0, 0]), np.asarray(keep[0, 1]))
+
+
+def test_umulhi_matches_64_bit_product():
+    rng = np.random.default_rng(0)
+    a, b = (rng.integers(0, 2**32, 10000, dtype=np.uint64) for _ in range(2))
+    a[:3], b[:3] = [0, 2**32 - 1, 2**32 - 1], [5, 2**32 - 1, 1]
+    want = ((a * b) >> np.uint64(32)).astype(np.uint32)
+    got = reference._umulhi(jnp.asarray(a.astype(np.uint32)), jnp.asarray(b.astype(np.uint32)))
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_dropout_under_jit_with_a_traced_key(impl):
+    f, args = _probe(impl, 0.2, None)
+    g = jax.jit(lambda rng, *a: jax_flash_amd.attention(*a, dropout_p=0.2, dropout_rng=rng, implementation=impl))
+    key = jax.random.key(5)
+    np.testing.assert_array_equal(np.asarray(g(key, *args)),
+                                  np.asarray(jax_flash_amd.attention(*args, dropout_p=0.2, dropout_rng=key,
+                                                                     implementation=impl)))

@@ -1,0 +1,167 @@
+"""Flax modules: FlashSelfAttention (linen, nnx) and flash_attention_fn against Flax's own attention."""
+import functools
+import warnings
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import jax_flash_amd
+from helpers import KERNEL_IMPLS
+
+IMPLS = KERNEL_IMPLS + ["xla"]
+X = jax.random.normal(jax.random.key(0), (2, 37, 48), jnp.float32)  # odd length, head_dim 12
+
+
+@pytest.fixture(autouse=True)
+def _fp32_matmuls():
+    # Flax's own modules (the reference here) would take TF32 matmuls on a GPU; the kernels do fp32
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
+def _close(a, b, tol=2e-5):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_linen_module_is_flax_module_with_same_parameters(impl, causal):
+    ours = jax_flash_amd.FlashSelfAttention(num_heads=4, qkv_features=48, causal=causal, implementation=impl)
+    flax_mha = nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=48)
+    params = flax_mha.init(jax.random.key(1), X)
+    mine = ours.init(jax.random.key(1), X)
+    assert jax.tree.structure(params) == jax.tree.structure(mine)
+    assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, mine)
+    mask = nn.make_causal_mask(X[..., 0]) if causal else None
+    _close(ours.apply(params, X), flax_mha.apply(params, X, mask=mask))  # Flax's checkpoint in ours
+    _close(flax_mha.apply(mine, X, mask=mask), ours.apply(mine, X))  # and ours in Flax's
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_nnx_module_matches_flax_with_copied_weights(impl, causal):
+    # grouped-query: 4 query heads over 2 key/value heads
+    theirs = nnx.MultiHeadAttention(4, 48, num_kv_heads=2, decode=False, rngs=nnx.Rngs(0))
+    ours = jax_flash_amd.nnx.FlashSelfAttention(4, 48, num_kv_heads=2, decode=False, causal=causal,
+                                                implementation=impl, rngs=nnx.Rngs(5))
+    nnx.update(ours, nnx.state(theirs, nnx.Param))
+    _close(ours(X), theirs(X, is_causal=causal))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_flash_attention_fn_inside_both_flax_modules(impl):
+    fn = functools.partial(jax_flash_amd.flash_attention_fn, implementation=impl)
+    plain = nn.MultiHeadDotProductAttention(num_heads=4)
+    params = plain.init(jax.random.key(1), X)
+    swapped = nn.MultiHeadDotProductAttention(num_heads=4, attention_fn=functools.partial(fn, causal=True))
+    _close(swapped.apply(params, X), plain.apply(params, X, mask=nn.make_causal_mask(X[..., 0])))
+
+    theirs = nnx.MultiHeadAttention(4, 48, num_kv_heads=2, decode=False, rngs=nnx.Rngs(0))
+    ours = nnx.MultiHeadAttention(4, 48, num_kv_heads=2, decode=False, attention_fn=fn, rngs=nnx.Rngs(0))
+    nnx.update(ours, nnx.state(theirs, nnx.Param))
+    for causal in (False, True):
+        _close(ours(X, is_causal=causal), theirs(X, is_causal=causal))
+
+
+def test_flash_attention_fn_falls_back_on_masks_with_a_warning_and_refuses_custom_einsums():
+    q = jax.random.normal(jax.random.key(2), (2, 9, 4, 8))
+    mask = jax.random.bernoulli(jax.random.key(3), 0.7, (2, 1, 9, 9)).at[..., 0].set(True)
+    jax_flash_amd.attention_fn._warn_once.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = jax_flash_amd.flash_attention_fn(q, q, q, mask=mask)
+    assert any("dense mask" in str(w.message) for w in caught)
+    _close(got, nn.dot_product_attention(q, q, q, mask=mask))
+    with pytest.raises(ValueError, match="custom einsums"):
+        jax_flash_amd.flash_attention_fn(q, q, q, qk_attn_weights_einsum=jnp.einsum)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_dropout_is_deterministic_per_rng_in_both_modules(impl):
+    layer = jax_flash_amd.FlashSelfAttention(num_heads=4, dropout_rate=0.3, causal=True, implementation=impl)
+    params = layer.init(jax.random.key(1), X, deterministic=True)
+    run = lambda seed: layer.apply(params, X, deterministic=False, rngs={"dropout": jax.random.key(seed)})  # noqa
+    a, b, c = run(7), run(7), run(8)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.allclose(np.asarray(a), np.asarray(c))
+    _close(layer.apply(params, X, deterministic=True),
+           jax_flash_amd.FlashSelfAttention(num_heads=4, causal=True, implementation=impl).apply(params, X))
+
+    make = lambda: jax_flash_amd.nnx.FlashSelfAttention(4, 48, dropout_rate=0.3, decode=False,  # noqa: E731
+                                                        implementation=impl, rngs=nnx.Rngs(0, dropout=9))
+    one, two = make(), make()
+    np.testing.assert_array_equal(np.asarray(one(X, deterministic=False)), np.asarray(two(X, deterministic=False)))
+    assert not np.allclose(np.asarray(one(X, deterministic=False)), np.asarray(two(X, deterministic=True)))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_segment_ids_equal_separate_sequences(impl):
+    layer = jax_flash_amd.FlashSelfAttention(num_heads=4, causal=True, implementation=impl)
+    params = layer.init(jax.random.key(1), X)
+    ids = jnp.asarray([[0] * 20 + [1] * 17, [0] * 5 + [1] * 32], jnp.int32)
+    packed = layer.apply(params, X, segment_ids=ids)
+    for row, cut in ((0, 20), (1, 5)):
+        _close(packed[row, :cut], layer.apply(params, X[row:row + 1, :cut])[0])
+        _close(packed[row, cut:], layer.apply(params, X[row:row + 1, cut:])[0])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_decode_one_position_at_a_time_equals_causal_forward(impl):
+    x = X[:, :9]
+    layer = jax_flash_amd.FlashSelfAttention(num_heads=4, causal=True, implementation=impl)
+    params = layer.init(jax.random.key(1), x)
+    full = layer.apply(params, x)
+    step = jax_flash_amd.FlashSelfAttention(num_heads=4, causal=True, decode=True, implementation=impl)
+    cache = step.init(jax.random.key(1), x)["cache"]
+    for i in range(x.shape[1]):
+        out, mutated = step.apply({**params, "cache": cache}, x[:, i:i + 1], mutable=["cache"])
+        cache = mutated["cache"]
+        _close(out[:, 0], full[:, i])
+
+    model = jax_flash_amd.nnx.FlashSelfAttention(4, 48, causal=True, decode=True, implementation=impl,
+                                                 rngs=nnx.Rngs(0))
+    full = model(x, decode=False)
+    model.init_cache(x.shape)
+    for i in range(x.shape[1]):
+        _close(model(x[:, i:i + 1])[:, 0], full[:, i])
+
+
+class _TinyLM(nn.Module):
+    impl: str
+
+    @nn.compact
+    def __call__(self, tokens, deterministic=True):
+        h = nn.Embed(64, 32)(tokens)
+        h = h + jax_flash_amd.FlashSelfAttention(num_heads=2, causal=True, dropout_rate=0.1,
+                                                 implementation=self.impl)(nn.LayerNorm()(h),
+                                                                           deterministic=deterministic)
+        return nn.Dense(64)(nn.LayerNorm()(h))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_jit_training_step_lowers_the_loss(impl):
+    tokens = jnp.tile(jnp.arange(24) % 7, (4, 1))  # a repeating pattern a causal model can learn
+    model = _TinyLM(impl)
+    params = model.init(jax.random.key(0), tokens)
+    opt = optax.adam(3e-3)
+    state = opt.init(params)
+
+    @jax.jit
+    def step(params, state, rng):
+        def loss_fn(p):
+            logits = model.apply(p, tokens[:, :-1], deterministic=False, rngs={"dropout": rng})
+            return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, state = opt.update(grads, state)
+        return optax.apply_updates(params, updates), state, loss
+
+    losses = []
+    for i in range(25):
+        params, state, loss = step(params, state, jax.random.key(i))
+        losses.append(float(loss))
+    assert np.isfinite(losses).all() and losses[-1] < 0.6 * losses[0], losses
