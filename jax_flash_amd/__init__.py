@@ -7,9 +7,10 @@
 from jax_flash_amd.api import attention, flash_attn_func
 from jax_flash_amd.attention_fn import flash_attention_fn
 from jax_flash_amd import autotune, reference
+from jax_flash_amd.fp8 import quantize_fp8
 
 __all__ = ["FlashSelfAttention", "attention", "autotune", "flash_attention_fn", "flash_attn_func", "nnx",
-           "reference"]
+           "quantize_fp8", "reference"]
 __version__ = "0.1.0"
 
 

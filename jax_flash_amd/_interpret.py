@@ -12,6 +12,7 @@ import numpy as np
 from jax_flash_amd._launch import Launch
 
 TARGET = "interpret"
+_FP8 = {np.dtype(jax.numpy.float8_e4m3fn): "float8_e4m3fn", np.dtype(jax.numpy.float8_e4m3fnuz): "float8_e4m3fnuz"}
 # Triton's interpreter keeps global state (the grid being run, its builder): one kernel at a time, even
 # when several CPU devices of a sharded computation call back concurrently.
 _LOCK = threading.Lock()
@@ -43,6 +44,8 @@ def _patch_bf16() -> None:
       (exact for products of bf16 values);
     - fp32 -> bf16 casts truncate, where GPUs round to nearest even (a 1-ulp bias in every rounded P
       and every stored bf16 output): round to nearest even, as the compiled kernels do.
+    Its fp32 -> float8 conversion (create_fp_to_fp) mishandles rounding carries and subnormals: done
+    with ml_dtypes instead (round to nearest even, as the GPUs' default).
     Everything else in the kernels (bf16 loads and stores, rounding P to bf16) stays as on a GPU."""
     import ml_dtypes
     import triton.language as tl
@@ -60,13 +63,22 @@ def _patch_bf16() -> None:
     def create_dot(self, a, b, *args, **kwargs):
         return original_dot(self, widen(a), widen(b), *args, **kwargs)
 
+    fp8 = {tl.float8e4nv: ml_dtypes.float8_e4m3fn, tl.float8e4b8: ml_dtypes.float8_e4m3fnuz}
+    original_fp_to_fp = builder.create_fp_to_fp
+
     def cast_impl(self, src, dst_type):
         if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
             data = src.data.astype(ml_dtypes.bfloat16).view(np.uint16)
             return interp.TensorHandle(data, tl.bfloat16)
         return original_cast(self, src, dst_type)
 
-    builder.create_dot, builder.cast_impl = create_dot, cast_impl
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar in fp8:
+            data = src.data.astype(fp8[dst_type.scalar]).view(np.uint8)
+            return interp.TensorHandle(data, dst_type.scalar)
+        return original_fp_to_fp(self, src, dst_type, rounding_mode)
+
+    builder.create_dot, builder.cast_impl, builder.create_fp_to_fp = create_dot, cast_impl, create_fp_to_fp
 
 
 def _to_torch(a: np.ndarray):
@@ -75,6 +87,8 @@ def _to_torch(a: np.ndarray):
     a = np.ascontiguousarray(a)
     if a.dtype == jax.numpy.bfloat16:  # torch cannot wrap ml_dtypes' bfloat16: go through the bits
         return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    if a.dtype in _FP8:  # nor its float8 types
+        return torch.from_numpy(a.view(np.uint8).copy()).view(getattr(torch, _FP8[a.dtype]))
     return torch.from_numpy(a.copy())
 
 
@@ -83,6 +97,8 @@ def _to_numpy(t, dtype) -> np.ndarray:
 
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(dtype)
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        return t.view(torch.uint8).numpy().view(dtype)
     return t.numpy()
 
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash_amd import reference
+from jax_flash_amd import fp8, reference
 from jax_flash_amd.kernels import bwd, configs, fwd, masking
 
 
@@ -31,14 +31,16 @@ class Launch:
 Run = Callable[[Launch], tuple]
 
 
-def block_d(head_dim: int) -> int:
-    """Head dim padded to a power of two >= 16 (tl.dot's minimum); the padding is masked, never stored."""
-    return max(16, 1 << (head_dim - 1).bit_length())
+def block_d(head_dim: int, dtype=jnp.bfloat16) -> int:
+    """Head dim padded to a power of two >= tl.dot's minimum reduction (16; 32 for fp8); the padding is
+    masked, never stored."""
+    return max(32 if fp8.is_fp8(dtype) else 16, 1 << (head_dim - 1).bit_length())
 
 
 def config_width(head_dim: int, dtype) -> int:
-    """The head width a config row must cover: float32 tiles count double (twice the registers)."""
-    return block_d(head_dim) * jnp.dtype(dtype).itemsize // 2
+    """The head width a config row must cover: float32 tiles count double (twice the registers); fp8
+    ones count as 16-bit (the fp32 accumulator, not the inputs, sets the register need)."""
+    return block_d(head_dim, dtype) * max(2, jnp.dtype(dtype).itemsize) // 2
 
 
 def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, dropout: bool = False
@@ -105,6 +107,7 @@ class Variant:
     dropout_p: float = 0.0
     q_segment_ids: Any = None
     kv_segment_ids: Any = None
+    descales: Any = None  # fp8 inputs: (batch, heads_kv, 3) float32, the q, k, v dequantisation factors
 
     def operands(self, b: int, h: int) -> tuple:
         """(Slopes, Seeds, QSeg, KSeg) kernel arguments."""
@@ -113,6 +116,9 @@ class Variant:
                 dummy if self.seeds is None else jax.lax.bitcast_convert_type(self.seeds, jnp.int32),
                 dummy if self.q_segment_ids is None else self.q_segment_ids,
                 dummy if self.kv_segment_ids is None else self.kv_segment_ids)
+
+    def descale_operand(self):
+        return jnp.zeros((1,), jnp.float32) if self.descales is None else self.descales
 
     def ranges(self, query_side: bool, block: int):
         """segment_ranges of query blocks (query_side) or key blocks; a dummy without segment ids."""
@@ -131,25 +137,29 @@ class Variant:
 
 
 def _common(q, k, banded: bool, softcap: float, variant: Variant) -> dict[str, Any]:
-    return dict(H=q.shape[2], KV_H=k.shape[2], HEAD_DIM=q.shape[3], BLOCK_D=block_d(q.shape[3]), BANDED=banded,
+    return dict(H=q.shape[2], KV_H=k.shape[2], HEAD_DIM=q.shape[3], BLOCK_D=block_d(q.shape[3], q.dtype),
+                BANDED=banded,
                 SOFTCAP=softcap > 0, ALIBI=variant.slopes is not None,
                 SEGMENTS=variant.q_segment_ids is not None, DROP_THRESHOLD=variant.drop_threshold)
 
 
 def forward(run: Run, target: str, q, k, v, variant: Variant = Variant(), *, causal: bool, scale: float,
             window=(-1, -1), softcap: float = 0.0, rows=None):
-    """(out, lse): out like q, lse (batch, heads, seq_q) float32, natural log. variant: the optional
-    operands (Variant). rows: {kernel: config row} overriding the defaults (autotuning)."""
+    """(out, lse): out like q (bfloat16 for fp8 inputs), lse (batch, heads, seq_q) float32, natural log.
+    variant: the optional operands (Variant). rows: {kernel: config row} overriding the defaults
+    (autotuning)."""
     b, sq, h, _ = q.shape
     banded, lo_off, hi_off = band(causal, window, sq, k.shape[1])
     blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows, variant.dropout_p > 0)
     out, lse = run(Launch(
         kernel=fwd.attn_fwd,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
-        args=(q, k, v, *variant.operands(b, h), variant.ranges(True, blocks["BLOCK_M"]), np.float32(scale),
-              np.float32(softcap), variant.keep_scale, sq, k.shape[1], lo_off, hi_off),
-        out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
-        constexprs={**_common(q, k, banded, softcap, variant), **blocks},
+        args=(q, k, v, *variant.operands(b, h), variant.ranges(True, blocks["BLOCK_M"]), variant.descale_operand(),
+              np.float32(scale), np.float32(softcap), variant.keep_scale, sq, k.shape[1], lo_off, hi_off),
+        out_shapes=(jax.ShapeDtypeStruct(q.shape, jnp.bfloat16 if fp8.is_fp8(q.dtype) else q.dtype),
+                    jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
+        constexprs={**_common(q, k, banded, softcap, variant), **blocks,
+                    "P8_SCALE": fp8.P_SCALE.get(jnp.dtype(q.dtype), 0.0)},
         compile_options=options,
     ))
     return out, lse

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash_amd import _launch, _spmd, autotune, reference
+from jax_flash_amd import _launch, _spmd, autotune, fp8, reference
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,16 +37,17 @@ def _backend(opts: Options):
     return _interpret.run, _interpret.TARGET
 
 
-def _variant(opts: Options, slopes, seeds, q_seg, kv_seg) -> _launch.Variant:
+def _variant(opts: Options, q, slopes, seeds, q_seg, kv_seg, descales) -> _launch.Variant:
     segments = opts.segments
     return _launch.Variant(slopes=slopes if opts.alibi else None, seeds=seeds if opts.dropout_p > 0 else None,
                            dropout_p=opts.dropout_p, q_segment_ids=q_seg if segments else None,
-                           kv_segment_ids=kv_seg if segments else None)
+                           kv_segment_ids=kv_seg if segments else None,
+                           descales=descales if fp8.is_fp8(q.dtype) else None)
 
 
 def _rows(opts: Options, run, target, q, k, kernels):
-    # autotuned rows are timed without dropout, whose kernels need other configs (configs.py): skip
-    if opts.dropout_p > 0:
+    # autotuned rows are timed without dropout and in 16-bit types; other calls keep the defaults
+    if opts.dropout_p > 0 or fp8.is_fp8(q.dtype):
         return None
     return autotune.rows_for(run, target, q, k, opts.banded, opts.softmax_scale, kernels)
 
@@ -54,14 +55,15 @@ def _rows(opts: Options, run, target, q, k, kernels):
 def _forward(opts: Options, q, k, v, *variant):
     run, target = _backend(opts)
     rows = _rows(opts, run, target, q, k, ("fwd",))
-    return _launch.forward(run, target, q, k, v, _variant(opts, *variant), causal=opts.causal,
+    return _launch.forward(run, target, q, k, v, _variant(opts, q, *variant), causal=opts.causal,
                            scale=opts.softmax_scale, window=opts.window, softcap=opts.softcap, rows=rows)
 
 
-def _backward(opts: Options, q, k, v, slopes, seeds, q_seg, kv_seg, out, lse, dout, dlse):
+def _backward(opts: Options, q, k, v, slopes, seeds, q_seg, kv_seg, descales, out, lse, dout, dlse):
     run, target = _backend(opts)
     rows = _rows(opts, run, target, q, k, ("dkdv", "dq"))
-    return _launch.backward(run, target, q, k, v, out, lse, dout, dlse, _variant(opts, slopes, seeds, q_seg, kv_seg),
+    variant = _variant(opts, q, slopes, seeds, q_seg, kv_seg, descales)
+    return _launch.backward(run, target, q, k, v, out, lse, dout, dlse, variant,
                             causal=opts.causal, scale=opts.softmax_scale, window=opts.window, softcap=opts.softcap,
                             rows=rows)
 
@@ -79,22 +81,25 @@ def _group(q, k) -> int:
     return q.shape[2] // k.shape[2]
 
 
-def variant_operands(q, k, slopes=None, seeds=None, q_segment_ids=None, kv_segment_ids=None) -> tuple:
+def variant_operands(q, k, slopes=None, seeds=None, q_segment_ids=None, kv_segment_ids=None, descales=None
+                     ) -> tuple:
     """flash_attention's `variant` argument: the given arrays, zeros of the right shape for the others
-    (one fixed operand list keeps one sharding rule; the Options flags say which are real)."""
+    (one fixed operand list keeps one sharding rule; the Options flags and q's dtype say which are
+    real). descales: (batch, heads_kv, 3) float32, fp8 inputs only."""
     b, sq, h, _ = q.shape
     return (jnp.zeros((b, h), jnp.float32) if slopes is None else slopes,
             jnp.zeros((b, h, 2), jnp.uint32) if seeds is None else seeds,
             jnp.zeros((b, sq), jnp.int32) if q_segment_ids is None else q_segment_ids,
-            jnp.zeros((b, k.shape[1]), jnp.int32) if kv_segment_ids is None else kv_segment_ids)
+            jnp.zeros((b, k.shape[1]), jnp.int32) if kv_segment_ids is None else kv_segment_ids,
+            jnp.zeros((b, k.shape[2], 3), jnp.float32) if descales is None else descales)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def flash_attention(q, k, v, variant: tuple, opts: Options):
-    """(out, lse) through the Triton kernels; differentiable in q, k, v (also through lse). variant
-    (variant_operands): ALiBi slopes (batch, heads_q) float32, dropout keys (batch, heads_q, 2) uint32,
-    segment ids (batch, seq_q) / (batch, seq_k) int32; constants: their cotangent is zero, as in
-    FlashAttention."""
+    """(out, lse) through the Triton kernels; differentiable in q, k, v (also through lse), except for
+    float8 inputs (forward only). variant (variant_operands): ALiBi slopes (batch, heads_q) float32,
+    dropout keys (batch, heads_q, 2) uint32, segment ids (batch, seq_q) / (batch, seq_k) int32, fp8
+    descales (batch, heads_kv, 3) float32; constants: their cotangent is zero, as in FlashAttention."""
     return _kernel_calls(opts, _group(q, k))[0](q, k, v, *variant)
 
 
@@ -111,6 +116,8 @@ def _zero_cotangent(x):
 
 def _bwd_rule(opts: Options, residuals, cotangents):
     q, k, v, variant, out, lse = residuals
+    if fp8.is_fp8(q.dtype):
+        raise TypeError(fp8.NO_GRADIENT)
     dout, dlse = cotangents
     dq, dk, dv = _kernel_calls(opts, _group(q, k))[1](q, k, v, *variant, out, lse, dout.astype(out.dtype), dlse)
     return dq, dk, dv, tuple(_zero_cotangent(x) for x in variant)

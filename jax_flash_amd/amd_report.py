@@ -18,6 +18,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import inspect
+import multiprocessing
 import os
 import re
 import subprocess
@@ -28,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash_amd import _jax_triton_compat, _launch
+from jax_flash_amd import _jax_triton_compat, _launch, fp8
 from jax_flash_amd.kernels import bwd
 
 AMD_ARCHS = ("gfx90a", "gfx942", "gfx950")
@@ -36,7 +37,8 @@ AMD_ARCHS = ("gfx90a", "gfx942", "gfx950")
 LOCAL_MEMORY = {"gfx90a": 64 << 10, "gfx942": 64 << 10, "gfx950": 160 << 10, "sm90": 227 << 10}
 SIMDS_PER_CU = 4
 _TRITON_DTYPE = {jnp.dtype(jnp.float16): "fp16", jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float32): "fp32",
-                 jnp.dtype(jnp.int32): "i32"}
+                 jnp.dtype(jnp.int32): "i32", jnp.dtype(jnp.float8_e4m3fn): "fp8e4nv",
+                 jnp.dtype(jnp.float8_e4m3fnuz): "fp8e4b8"}
 
 
 @dataclasses.dataclass
@@ -86,6 +88,10 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, dropout: bo
     variant = _launch.Variant()
     if dropout:  # the Philox tile adds registers and a layout change: its kernels are checked too
         variant = _launch.Variant(seeds=jnp.zeros((1, 16, 2), jnp.uint32), dropout_p=0.1)
+    if fp8.is_fp8(dtype):  # inference: the forward only
+        variant = _launch.Variant(descales=jnp.ones((1, 16, 3), jnp.float32))
+        _launch.forward(run, target, x, x, x, variant, causal=causal, scale=head_dim ** -0.5)
+        return [("fwd", recorded[0])]
     out, lse = _launch.forward(run, target, x, x, x, variant, causal=causal, scale=head_dim ** -0.5)
     _launch.backward(run, target, x, x, x, out, lse, out, lse, variant, causal=causal, scale=head_dim ** -0.5)
     names = {"attn_fwd": "fwd", "attn_bwd_preprocess": "preprocess", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq"}
@@ -176,8 +182,12 @@ def report(archs, head_dims, dtypes, jobs: int) -> list[Row]:
                         if kernel == "preprocess" and causal:
                             continue  # does not depend on the mask
                         work.append((arch, head_dim, dtype, causal, kernel))
-    # launches hold the kernels, which do not pickle: each worker records them again
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+            for fp8_type in sorted(t.name for t in fp8.SUPPORTED[_target(arch)]):  # the fp8 forward
+                work += [(arch, head_dim, fp8_type, causal, "fwd") for causal in (False, True)]
+    # launches hold the kernels, which do not pickle: each worker records them again. Workers are
+    # spawned, not forked: a fork of a process that has started JAX's threads can deadlock.
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")
+                                                ) as pool:
         return list(pool.map(compile_row, *zip(*work)))
 
 

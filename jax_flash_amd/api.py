@@ -8,7 +8,7 @@ from numbers import Real
 import jax
 import jax.numpy as jnp
 
-from jax_flash_amd import reference
+from jax_flash_amd import fp8, reference
 from jax_flash_amd._vjp import Options, flash_attention, variant_operands
 
 IMPLEMENTATIONS = ("triton", "interpret", "xla")
@@ -19,11 +19,13 @@ MAX_HEAD_DIM = 256
 def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
               window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
               dropout_p: float = 0.0, dropout_rng=None, q_segment_ids=None, kv_segment_ids=None,
-              return_lse: bool = False, implementation: str | None = None):
+              q_descale=None, k_descale=None, v_descale=None, return_lse: bool = False,
+              implementation: str | None = None):
     """Exact softmax attention, O(seq) memory, differentiable, as FlashAttention computes it.
 
     Args:
-      q: (batch, seq_q, heads_q, head_dim) float16, bfloat16 or float32.
+      q: (batch, seq_q, heads_q, head_dim) float16, bfloat16 or float32; or float8_e4m3fn /
+        float8_e4m3fnuz for inference (forward only, with the descales below).
       k, v: (batch, seq_k, heads_kv, head_dim), same dtype as q. Any seq_q, seq_k >= 0; head_dim 1..256.
         heads_q a multiple of heads_kv: grouped-query (or multi-query, heads_kv = 1) attention, query
         head h attends with key/value head h // (heads_q // heads_kv); K/V are never copied per head.
@@ -48,6 +50,14 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
         seq_q == seq_k, the other defaults to it. When kv_segment_ids (for the backward also
         q_segment_ids) are sorted along the sequence, as packing makes them, blocks of keys that
         cannot share an id are skipped.
+      q_descale, k_descale, v_descale: (batch, heads_kv) float dequantisation factors, required with
+        float8 inputs (x ~= x_fp8 * descale; jax_flash_amd.quantize_fp8 makes both). The q.k dot runs in
+        fp8 with fp32 accumulation, scaled by softmax_scale * q_descale * k_descale; P is multiplied by
+        256 (e4m3fn; 128 for e4m3fnuz, whose maximum is 240) and rounded to v's fp8 type for the PV dot,
+        which keeps small probabilities out of the subnormals; the output divides that back out and is
+        multiplied by v_descale. Output bfloat16. float8_e4m3fn runs on
+        NVIDIA Hopper and AMD gfx950, float8_e4m3fnuz on gfx942 (MI300); both in the interpreter.
+        Differentiating an fp8 call raises TypeError; dropout is refused (training only).
       return_lse: also return the logsumexp of the scaled logits, (batch, heads, seq_q) float32,
         natural log; it is differentiable too.
       implementation: "triton" (GPU: CUDA or ROCm), "interpret" (the same Triton kernels in Triton's
@@ -71,22 +81,31 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     scale = _check_scale(softmax_scale, q.shape[-1])
     dropout_p = _check_dropout(dropout_p, dropout_rng)
     q_seg, kv_seg = _check_segment_ids(q_segment_ids, kv_segment_ids, q.shape[:2], k.shape[:2])
+    descales = _check_descales(q, k, (q_descale, k_descale, v_descale), dropout_p)
     impl = _choose_implementation(implementation)
+    if descales is not None and impl != "xla":
+        from jax_flash_amd import _triton
+        fp8.check_supported(_triton.target() if impl == "triton" else "interpret", q.dtype)
 
     b, sq, h, _ = q.shape
     seeds = reference.dropout_seeds(dropout_rng, b, h) if dropout_p > 0 else None
     if q.size == 0 or k.shape[1] == 0:  # nothing to attend to (or nothing to compute): no kernel launch
-        out = jnp.zeros_like(q)
+        out = jnp.zeros(q.shape, jnp.bfloat16 if descales is not None else q.dtype)
         lse = jnp.full((b, h, sq), -jnp.inf, jnp.float32)
     elif impl == "xla":
+        if descales is not None:  # the reference dequantises and computes in float32
+            q, k, v = (fp8.forward_only(x) for x in (q, k, v))
+            q = fp8.dequantize(q, jnp.repeat(descales[..., 0], h // k.shape[2], axis=1))  # per key/value head
+            k, v = fp8.dequantize(k, descales[..., 1]), fp8.dequantize(v, descales[..., 2])
         out, lse = reference.attention(q, k, v, causal=causal, softmax_scale=scale, window_size=window,
                                        softcap=softcap, alibi_slopes=slopes, dropout_p=dropout_p,
                                        dropout_seeds=seeds, q_segment_ids=q_seg, kv_segment_ids=kv_seg)
+        out = out.astype(jnp.bfloat16) if descales is not None else out
     else:
         _check_kernel_limits(q, k)
         opts = Options(causal=causal, softmax_scale=scale, implementation=impl, window=window, softcap=softcap,
                        alibi=slopes is not None, dropout_p=dropout_p, segments=q_seg is not None)
-        out, lse = flash_attention(q, k, v, variant_operands(q, k, slopes, seeds, q_seg, kv_seg), opts)
+        out, lse = flash_attention(q, k, v, variant_operands(q, k, slopes, seeds, q_seg, kv_seg, descales), opts)
     return (out, lse) if return_lse else out
 
 
@@ -97,8 +116,9 @@ def _check_arrays(q, k, v):
             raise TypeError(f"{name} must be an array (batch, seq, heads, head_dim); got {type(x).__name__}")
         if x.ndim != 4:
             raise ValueError(f"{name} must have rank 4 (batch, seq, heads, head_dim); got shape {tuple(x.shape)}")
-        if jnp.dtype(x.dtype) not in [jnp.dtype(d) for d in _DTYPES]:
-            raise TypeError(f"{name} must be float16, bfloat16 or float32; got {jnp.dtype(x.dtype)}")
+        if jnp.dtype(x.dtype) not in [jnp.dtype(d) for d in _DTYPES] + list(fp8.TYPES):
+            raise TypeError(f"{name} must be float16, bfloat16 or float32 (or float8_e4m3fn / float8_e4m3fnuz "
+                            f"for inference); got {jnp.dtype(x.dtype)}")
         arrays[name] = jnp.asarray(x)
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
     if not (q.dtype == k.dtype == v.dtype):
@@ -205,6 +225,29 @@ def _check_segment_ids(q_segment_ids, kv_segment_ids, q_shape, k_shape):
             raise ValueError(f"{name} must have shape (batch, seq) = {tuple(shape)}; got {tuple(x.shape)}")
         ids.append(jnp.asarray(x, jnp.int32))
     return tuple(ids)
+
+
+def _check_descales(q, k, given, dropout_p: float):
+    """None for 16/32-bit inputs; for float8 inputs the three descales as one (batch, heads_kv, 3) float32."""
+    names = ("q_descale", "k_descale", "v_descale")
+    if not fp8.is_fp8(q.dtype):
+        passed = [n for n, x in zip(names, given) if x is not None]
+        if passed:
+            raise ValueError(f"{', '.join(passed)} only apply to float8 inputs; q, k, v are {q.dtype}")
+        return None
+    if dropout_p > 0:
+        raise ValueError("dropout_p > 0 with float8 inputs: fp8 attention is forward-only (inference), "
+                         "dropout is for training")
+    shape = (q.shape[0], k.shape[2])
+    for name, x in zip(names, given):
+        if x is None:
+            raise ValueError(f"{q.dtype} inputs need {name}, a (batch, heads_kv) = {shape} float array of "
+                             "dequantisation factors (jax_flash_amd.quantize_fp8 returns them)")
+        if not hasattr(x, "shape") or not jnp.issubdtype(getattr(x, "dtype", None), jnp.floating):
+            raise TypeError(f"{name} must be a floating array; got {type(x).__name__}")
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name} must have shape (batch, heads_kv) = {shape}; got {tuple(x.shape)}")
+    return jnp.stack([jnp.asarray(x, jnp.float32) for x in given], axis=-1)
 
 
 def _check_scale(softmax_scale, head_dim: int) -> float:

@@ -6,6 +6,11 @@ row strides H * HEAD_DIM and KV_H * HEAD_DIM are compile-time constants (aligned
 h // (H // KV_H), in place (no copy per query head). One program per (query block, batch * H).
 Dropout (DROP_THRESHOLD > 0, dropout.py) zeroes probabilities after the row sums are taken, and the
 output is scaled by keep_scale = 1 / (1 - p).
+FP8 (inference, P8_SCALE > 0): q, k, v in a float8 type with dequantisation factors Descales (batch,
+KV_H, 3) float32 (q, k, v). The q.k dot runs in fp8 with fp32 accumulation and its scale absorbs
+q_descale * k_descale; P (in [0, 1]) is multiplied by P8_SCALE (a power of two, jax_flash_amd/fp8.py)
+and rounded to v's fp8 type for the PV dot, which keeps small probabilities out of e4m3's subnormals;
+the output divides that back out and applies v_descale.
 """
 import triton
 import triton.language as tl
@@ -19,7 +24,8 @@ from .scores import LN2, LOG2E, logits2
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q, seq_k, lo_off, hi_off,
                sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
-               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
+               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
+               P8_SCALE: tl.constexpr):
     """Key blocks of [lo, hi) then [lo2, hi2)."""
     offs_d = tl.arange(0, BLOCK_D)
     for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
@@ -51,19 +57,24 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q
         if DROP_THRESHOLD > 0:  # after the row sum: dropout acts on normalised probabilities
             p = tl.where(keep(seed, offs_m, start_n, DROP_THRESHOLD, BLOCK_N), p, 0.0)
         v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+        if P8_SCALE > 0:
+            acc = tl.dot((p * P8_SCALE).to(v.dtype), v, acc * alpha[:, None])
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
-             hi_off, Out, Lse, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
-             ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
+def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Descales, sm_scale, softcap, keep_scale, seq_q, seq_k,
+             lo_off, hi_off, Out, Lse, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+             BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
+             SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
+             P8_SCALE: tl.constexpr):
     """lo_off / hi_off / BANDED: the visible band, QSeg / KSeg (batch, seq) int32 and KeyRanges /
     SEGMENTS: segment ids (masking.py); softcap / SOFTCAP and Slopes (batch, H) fp32 / ALIBI: logit
-    modifiers (scores.py); Seeds (batch, H, 2) uint32, keep_scale, DROP_THRESHOLD: dropout (dropout.py)."""
+    modifiers (scores.py); Seeds (batch, H, 2) uint32, keep_scale, DROP_THRESHOLD: dropout (dropout.py);
+    Descales / P8_SCALE: fp8 inputs (above)."""
     # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
@@ -90,19 +101,26 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, sm_scale, softcap, k
                                                   BLOCK_N, BANDED, SEGMENTS)
     q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
     seed = load_seed(Seeds, bh, DROP_THRESHOLD)
+    v_descale = 1.0
+    if P8_SCALE > 0:
+        descales = Descales + (b * KV_H + h // (H // KV_H)) * 3
+        sm_scale = sm_scale * tl.load(descales) * tl.load(descales + 1)
+        v_descale = tl.load(descales + 2) / P8_SCALE
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, full_start, full_end, full_end, full_end, offs_m,
                                seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV,
-                               HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, False, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
+                               HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, False, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD, P8_SCALE)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, full_start, full_end, end, offs_m,
                                seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV,
-                               HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, True, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
+                               HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, True, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD, P8_SCALE)
 
     # rows that saw no key: output 0, lse -inf
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     if DROP_THRESHOLD > 0:
         out = out * keep_scale
+    if P8_SCALE > 0:
+        out = out * v_descale
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
     store_tile(Out + q_start, out, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM,
                BLOCK_D != HEAD_DIM)
