@@ -7,7 +7,9 @@ ratio has a target (issue 4 of the project):
 - GQA 32 query / 8 key-value heads vs 32-head MHA at N 4096, D 128: forward and backward each <= 1.05x;
 - window (1024, 0) vs full causal at N 16384, D 128: forward+backward <= 0.15x;
 - dropout 0.1 vs none at N 4096, D 128: forward+backward <= 1.3x;
-- packed segment ids (4 sequences of N / 4) vs one causal sequence: informational (skipped blocks).
+- packed segment ids (4 sequences of N / 4) vs one causal sequence: informational (skipped blocks);
+- fp8 (e4m3fn, inference) forward vs bf16 forward at N 4096 and 16384, D 128: >= 1.4x as fast, i.e. a
+  time ratio <= 0.714 (issue 7).
 Times are medians (jax_flash_amd.timing) of the forward and of forward+backward; backward = their difference.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ import jax.numpy as jnp
 
 import jax_flash_amd
 from benchmarks.attention import gpu_slug, measure, save
+from jax_flash_amd.timing import median_seconds
 
 D = 128
 
@@ -45,13 +48,30 @@ def cases(n_seg: int = 4096) -> list[dict]:
               dict(dropout_p=0.1, dropout_rng=jax.random.key(0)), {}),
         _case("4 packed segments vs one sequence, causal", "fwdbwd_ms", None, 4, n_seg, 16, 16, True,
               dict(q_segment_ids=jnp.broadcast_to(ids, (4, n_seg))), {}),
+        _case("fp8 forward vs bf16, causal, N 4096", "fwd_ms", 0.714, 4, 4096, 16, 16, True, FP8, {}),
+        _case("fp8 forward vs bf16, full, N 16384", "fwd_ms", 0.714, 1, 16384, 16, 16, False, FP8, {}),
     ]
+
+
+FP8 = {"fp8": jnp.float8_e4m3fn}  # variant marker: quantise the inputs, time the forward only
 
 
 def _fn(kw):
     def fn(q, k, v, causal):
         return jax_flash_amd.attention(q, k, v, causal=causal, implementation="triton", **kw)
     return fn
+
+
+def _fp8_forward(c, dtype) -> dict:
+    """Forward time of fp8 inputs (quantised beforehand, untimed), in measure()'s row format."""
+    q, k, v, _ = _inputs(c, c["H_kv"])
+    (q8, qd), (k8, kd), (v8, vd) = (jax_flash_amd.quantize_fp8(x, dtype) for x in (q, k, v))
+    f = jax.jit(lambda q, k, v, qd, kd, vd: jax_flash_amd.attention(
+        q, k, v, causal=c["causal"], q_descale=qd, k_descale=kd, v_descale=vd, implementation="triton"))
+    try:
+        return dict(fwd_ms=round(median_seconds(f, q8, k8, v8, qd, kd, vd, budget_s=0.25) * 1e3, 4))
+    except Exception as e:  # noqa: BLE001  (recorded, not fatal)
+        return dict(error=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}")
 
 
 def _inputs(c, h_kv):
@@ -63,16 +83,19 @@ def _inputs(c, h_kv):
 
 def run_case(c) -> dict:
     s = dict(B=c["B"], N=c["N"], H=c["H"], D=D, causal=c["causal"], dtype="bfloat16")
-    var = measure("variant", _fn(c["variant"]), s, _inputs(c, c["H_kv"]), None)
+    if "fp8" in c["variant"]:
+        var = _fp8_forward(c, c["variant"]["fp8"])
+    else:
+        var = measure("variant", _fn(c["variant"]), s, _inputs(c, c["H_kv"]), None)
     base = measure("baseline", _fn(c["base"]), s, _inputs(c, c["base_H_kv"]), None)
     row = dict(case=c["name"], **s, target=c["target"], variant=var, baseline=base)
     for r in (var, base):
-        if "fwd_ms" in r:
+        if "fwdbwd_ms" in r:
             r["bwd_ms"] = round(r["fwdbwd_ms"] - r["fwd_ms"], 4)
     if "error" in var or "error" in base:
         row["error"] = var.get("error") or base.get("error")
         return row
-    row["ratios"] = {k: round(var[k] / base[k], 3) for k in ("fwd_ms", "bwd_ms", "fwdbwd_ms")}
+    row["ratios"] = {k: round(var[k] / base[k], 3) for k in ("fwd_ms", "bwd_ms", "fwdbwd_ms") if k in var}
     if c["target"] is not None:
         row["met"] = all(row["ratios"][k] <= c["target"] for k in c["target_key"].split(","))
         row["judged_on"] = c["target_key"]
@@ -87,11 +110,12 @@ def markdown(rows) -> str:
             lines.append(f"| {r['case']} | {r['B']} | {r['N']} | {r['H']} | error: {r['error'][:80]} | | | | |")
             continue
         v, b, x = r["variant"], r["baseline"], r["ratios"]
-        ms = lambda t: f"{t['fwd_ms']:.3f} / {t['bwd_ms']:.3f} / {t['fwdbwd_ms']:.3f}"  # noqa: E731
+        ms = lambda t: " / ".join(f"{t[k]:.3f}" if k in t else "-" for k in ("fwd_ms", "bwd_ms", "fwdbwd_ms"))  # noqa
         target = f"<= {r['target']}x ({r['judged_on'].replace('_ms', '')})" if r["target"] else "-"
         met = {True: "yes", False: "**no**"}.get(r.get("met"), "-")
         lines.append(f"| {r['case']} | {r['B']} | {r['N']} | {r['H']} | {ms(v)} | {ms(b)} | "
-                     f"{x['fwd_ms']:.2f} / {x['bwd_ms']:.2f} / {x['fwdbwd_ms']:.2f} | {target} | {met} |")
+                     f"{' / '.join(f'{x[k]:.2f}' if k in x else '-' for k in ('fwd_ms', 'bwd_ms', 'fwdbwd_ms'))} "
+                     f"| {target} | {met} |")
     return "\n".join(lines) + "\n"
 
 

@@ -35,8 +35,11 @@ def test_variant_report_names_misses():
                                                                                    fwdbwd_ms=1.167)),
             dict(case="seg", B=4, N=4096, H=16, target=None, variant=timing(1, 2), baseline=timing(2, 4),
                  ratios=dict(fwd_ms=0.5, bwd_ms=0.5, fwdbwd_ms=0.5)),
-            dict(case="oom", B=1, N=1, H=1, error="XlaRuntimeError: out of memory")]
+            dict(case="oom", B=1, N=1, H=1, error="XlaRuntimeError: out of memory"),
+            dict(case="fp8", B=4, N=4096, H=16, target=0.714, judged_on="fwd_ms", met=True, variant=dict(fwd_ms=0.6),
+                 baseline=timing(1.0, 3.0), ratios=dict(fwd_ms=0.6))]
     md = variants.markdown(rows)
     assert "| 1.00 / 1.25 / 1.17 | <= 1.05x (fwd,bwd) | **no** |" in md
     assert "| 0.50 / 0.50 / 0.50 | - | - |" in md and "error: XlaRuntimeError" in md
-    assert len(variants.cases()) == 6
+    assert "| 0.600 / - / - | 1.000 / 2.000 / 3.000 | 0.60 / - / - | <= 0.714x (fwd) | yes |" in md
+    assert len(variants.cases()) == 8
