@@ -55,9 +55,9 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
         fp8 with fp32 accumulation, scaled by softmax_scale * q_descale * k_descale; P is multiplied by
         256 (e4m3fn; 128 for e4m3fnuz, whose maximum is 240) and rounded to v's fp8 type for the PV dot,
         which keeps small probabilities out of the subnormals; the output divides that back out and is
-        multiplied by v_descale. Output bfloat16. float8_e4m3fn runs on
-        NVIDIA Hopper and AMD gfx950, float8_e4m3fnuz on gfx942 (MI300); both in the interpreter.
-        Differentiating an fp8 call raises TypeError; dropout is refused (training only).
+        multiplied by v_descale. Output bfloat16. float8_e4m3fn runs on NVIDIA Hopper and AMD gfx950,
+        float8_e4m3fnuz on gfx942 (MI300); both in the interpreter. Differentiating an fp8 call raises
+        TypeError; dropout is refused (training only).
       return_lse: also return the logsumexp of the scaled logits, (batch, heads, seq_q) float32,
         natural log; it is differentiable too.
       implementation: "triton" (GPU: CUDA or ROCm), "interpret" (the same Triton kernels in Triton's
@@ -66,7 +66,7 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
         TRITON_INTERPRET=1, else "xla".
 
     Returns:
-      out with q's shape and dtype, or (out, lse) when return_lse.
+      out with q's shape and dtype (bfloat16 for float8 inputs), or (out, lse) when return_lse.
 
     Example:
       >>> out = jax_flash_amd.attention(q, k, v, causal=True)
