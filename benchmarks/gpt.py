@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.attention import save
+from benchmarks.attention import gpu_slug, save
 
 MODEL = ["--layers", "12", "--d-model", "768", "--heads", "12", "--dtype", "bfloat16", "--lr", "6e-4"]
 TOKENS = 8192
@@ -86,9 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--try-flash", default="32768,65536,131072", help="the same with flash")
     ap.add_argument("--append", action="store_true", help="merge with the rows already in the results file")
     args = ap.parse_args(argv)
-    import jax  # only for the GPU's name
-    slug = "_".join(w for w in jax.devices()[0].device_kind.lower().replace("nvidia", "").split() if w) or "gpu"
-    base = os.path.join(ROOT, "benchmarks", "results", f"{slug}_gpt")
+    base = os.path.join(ROOT, "benchmarks", "results", f"{gpu_slug()}_gpt")
     result = dict(throughput=[], longest={}, attempts=[])
     if args.append and os.path.exists(base + ".json"):
         with open(base + ".json") as fh:

@@ -87,6 +87,7 @@ def segment_ranges(ids, other_ids, block: int) -> jax.Array:
     pad = ((0, 0), (0, n * block - seq))
     lowest = jnp.pad(ids, pad, constant_values=info.max).reshape(b, n, block).min(-1)
     highest = jnp.pad(ids, pad, constant_values=info.min).reshape(b, n, block).max(-1)
+
     def find(side, values):
         return jax.vmap(functools.partial(jnp.searchsorted, side=side, method="scan_unrolled"))(other_ids, values)
 
@@ -109,7 +110,7 @@ class Variant:
     kv_segment_ids: Any = None
     descales: Any = None  # fp8 inputs: (batch, heads_kv, 3) float32, the q, k, v dequantisation factors
 
-    def operands(self, b: int, h: int) -> tuple:
+    def operands(self) -> tuple:
         """(Slopes, Seeds, QSeg, KSeg) kernel arguments."""
         dummy = jnp.zeros((1,), jnp.int32)
         return (jnp.zeros((1,), jnp.float32) if self.slopes is None else self.slopes,
@@ -138,8 +139,7 @@ class Variant:
 
 def _common(q, k, banded: bool, softcap: float, variant: Variant) -> dict[str, Any]:
     return dict(H=q.shape[2], KV_H=k.shape[2], HEAD_DIM=q.shape[3], BLOCK_D=block_d(q.shape[3], q.dtype),
-                BANDED=banded,
-                SOFTCAP=softcap > 0, ALIBI=variant.slopes is not None,
+                BANDED=banded, SOFTCAP=softcap > 0, ALIBI=variant.slopes is not None,
                 SEGMENTS=variant.q_segment_ids is not None, DROP_THRESHOLD=variant.drop_threshold)
 
 
@@ -154,7 +154,7 @@ def forward(run: Run, target: str, q, k, v, variant: Variant = Variant(), *, cau
     out, lse = run(Launch(
         kernel=fwd.attn_fwd,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
-        args=(q, k, v, *variant.operands(b, h), variant.ranges(True, blocks["BLOCK_M"]), variant.descale_operand(),
+        args=(q, k, v, *variant.operands(), variant.ranges(True, blocks["BLOCK_M"]), variant.descale_operand(),
               np.float32(scale), np.float32(softcap), variant.keep_scale, sq, k.shape[1], lo_off, hi_off),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, jnp.bfloat16 if fp8.is_fp8(q.dtype) else q.dtype),
                     jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
@@ -172,7 +172,7 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, variant: Vari
     sk = k.shape[1]
     banded, lo_off, hi_off = band(causal, window, sq, sk)
     common = _common(q, k, banded, softcap, variant)
-    operands = variant.operands(b, h)
+    operands = variant.operands()
     scalars = (np.float32(scale), np.float32(softcap), variant.keep_scale, sq, sk, lo_off, hi_off)
     blocks, options = pick_config(target, "preprocess", d, q.dtype, rows)
     (delta,) = run(Launch(

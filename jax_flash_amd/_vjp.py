@@ -38,10 +38,9 @@ def _backend(opts: Options):
 
 
 def _variant(opts: Options, q, slopes, seeds, q_seg, kv_seg, descales) -> _launch.Variant:
-    segments = opts.segments
     return _launch.Variant(slopes=slopes if opts.alibi else None, seeds=seeds if opts.dropout_p > 0 else None,
-                           dropout_p=opts.dropout_p, q_segment_ids=q_seg if segments else None,
-                           kv_segment_ids=kv_seg if segments else None,
+                           dropout_p=opts.dropout_p, q_segment_ids=q_seg if opts.segments else None,
+                           kv_segment_ids=kv_seg if opts.segments else None,
                            descales=descales if fp8.is_fp8(q.dtype) else None)
 
 

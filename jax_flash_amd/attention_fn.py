@@ -9,6 +9,7 @@ import warnings
 
 import jax.numpy as jnp
 
+from jax_flash_amd import reference
 from jax_flash_amd.api import attention
 
 
@@ -52,7 +53,7 @@ def flash_attention_fn(query, key, value, bias=None, mask=None, broadcast_dropou
         if q_segment_ids is not None or kv_segment_ids is not None:
             kv_ids = q_segment_ids if kv_segment_ids is None else kv_segment_ids
             q_ids = kv_ids if q_segment_ids is None else q_segment_ids
-            same = (q_ids[..., :, None] == kv_ids[..., None, :])[..., None, :, :]
+            same = reference.segment_mask(q_ids, kv_ids)
             mask = same if mask is None else jnp.logical_and(mask, same)
         return nnx.dot_product_attention(query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
                                          deterministic, dtype, precision, module, is_causal=causal)

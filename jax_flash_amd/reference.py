@@ -79,8 +79,8 @@ def dropout_keep(seeds, seq_q: int, seq_k: int, p: float) -> jax.Array:
 
 
 def segment_mask(q_segment_ids, kv_segment_ids) -> jax.Array:
-    """(B, 1, Sq, Sk) bool: query and key share a segment id."""
-    return (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :])[:, None]
+    """(batch..., 1, Sq, Sk) bool for ids (batch..., Sq) / (batch..., Sk): query and key share an id."""
+    return (q_segment_ids[..., :, None] == kv_segment_ids[..., None, :])[..., None, :, :]
 
 
 def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
