@@ -43,22 +43,28 @@ def config_width(head_dim: int, dtype) -> int:
     return block_d(head_dim, dtype) * max(2, jnp.dtype(dtype).itemsize) // 2
 
 
-def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, dropout: bool = False
+def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, narrow_window: bool = False
                 ) -> tuple[dict, dict]:
     """(block constexprs, compiler options): rows[kernel] when given (autotuning), else the heuristic
-    default, the first configs.TARGETS row whose max_block_d covers the head (the "<kernel>+dropout"
-    rows with dropout, where the target has them)."""
+    default, the first configs.TARGETS row whose max_block_d covers the head (the "<kernel>+window"
+    rows for a narrow sliding window, where the target has them)."""
     row = (rows or {}).get(kernel)
     if row is None:
         width = config_width(head_dim, dtype)
         table = configs.TARGETS[target]
-        candidates = table.get(f"{kernel}+dropout", table[kernel]) if dropout else table[kernel]
+        candidates = table.get(f"{kernel}+window", table[kernel]) if narrow_window else table[kernel]
         row = next((r for r in candidates if r["max_block_d"] >= width), None)
         if row is None:
             raise ValueError(f"no {kernel} config for head_dim={head_dim}, dtype={dtype} on {target}")
     blocks = {k: v for k, v in row.items() if k.startswith("BLOCK_")}
     options = {k: v for k, v in row.items() if k != "max_block_d" and not k.startswith("BLOCK_")}
     return blocks, options
+
+
+def narrow_window(causal: bool, window: tuple[int, int]) -> bool:
+    """A band bounded on both sides and at most configs.NARROW_WINDOW keys wide (its "+window" rows)."""
+    left, right = reference.band_edges(causal, window)
+    return 0 <= left and 0 <= right and left + right + 1 <= configs.NARROW_WINDOW
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -134,7 +140,7 @@ class Variant:
 
     @property
     def keep_scale(self) -> np.float32:
-        return np.float32(1.0 / (1.0 - self.dropout_p))
+        return np.float32(reference.dropout_keep_scale(self.dropout_p) if self.dropout_p > 0 else 1.0)
 
 
 def _common(q, k, banded: bool, softcap: float, variant: Variant) -> dict[str, Any]:
@@ -150,7 +156,7 @@ def forward(run: Run, target: str, q, k, v, variant: Variant = Variant(), *, cau
     (autotuning)."""
     b, sq, h, _ = q.shape
     banded, lo_off, hi_off = band(causal, window, sq, k.shape[1])
-    blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows, variant.dropout_p > 0)
+    blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows, narrow_window(causal, window))
     out, lse = run(Launch(
         kernel=fwd.attn_fwd,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
@@ -183,7 +189,7 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, variant: Vari
         constexprs={k_: common[k_] for k_ in ("H", "HEAD_DIM", "BLOCK_D")} | blocks,
         compile_options=options,
     ))
-    blocks, options = pick_config(target, "dkdv", d, q.dtype, rows, variant.dropout_p > 0)
+    blocks, options = pick_config(target, "dkdv", d, q.dtype, rows, narrow_window(causal, window))
     dk, dv = run(Launch(
         kernel=bwd.attn_bwd_dkdv,
         grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2]),  # one program per key/value head
@@ -192,7 +198,7 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, variant: Vari
         constexprs={**common, **blocks},
         compile_options=options,
     ))
-    blocks, options = pick_config(target, "dq", d, q.dtype, rows, variant.dropout_p > 0)
+    blocks, options = pick_config(target, "dq", d, q.dtype, rows, narrow_window(causal, window))
     (dq,) = run(Launch(
         kernel=bwd.attn_bwd_dq,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),

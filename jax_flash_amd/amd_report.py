@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash_amd import _jax_triton_compat, _launch, fp8
-from jax_flash_amd.kernels import bwd
+from jax_flash_amd.kernels import bwd, configs
 
 AMD_ARCHS = ("gfx90a", "gfx942", "gfx950")
 # Bytes of LDS per workgroup (AMD: per CU) and shared memory per block (sm90, opt-in maximum).
@@ -74,10 +74,12 @@ def _target(arch: str) -> str:
     return "cuda" if arch == "sm90" else arch
 
 
-def record_launches(target: str, head_dim: int, dtype, causal: bool, dropout: bool = False
+def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str = ""
                     ) -> list[tuple[str, _launch.Launch]]:
     """The launches of one forward and one backward, as the runtime would make them (shapes are nominal:
-    sequence lengths are runtime arguments and do not change the compiled code)."""
+    sequence lengths are runtime arguments and do not change the compiled code). kind: "" (plain),
+    "dropout" (its kernels draw random numbers: more registers) or "window" (a narrow sliding window,
+    which takes the "+window" config rows where the target has them); kernels are named with it."""
     recorded = []
 
     def run(launch):
@@ -86,18 +88,26 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, dropout: bo
 
     x = jax.ShapeDtypeStruct((1, 1024, 16, head_dim), jnp.dtype(dtype))
     variant = _launch.Variant()
-    if dropout:  # the Philox tile adds registers and a layout change: its kernels are checked too
+    window = (256, 0) if kind == "window" else (-1, -1)
+    if kind == "dropout":
         variant = _launch.Variant(seeds=jnp.zeros((1, 16, 2), jnp.uint32), dropout_p=0.1)
     if fp8.is_fp8(dtype):  # inference: the forward only
         variant = _launch.Variant(descales=jnp.ones((1, 16, 3), jnp.float32))
         _launch.forward(run, target, x, x, x, variant, causal=causal, scale=head_dim ** -0.5)
         return [("fwd", recorded[0])]
-    out, lse = _launch.forward(run, target, x, x, x, variant, causal=causal, scale=head_dim ** -0.5)
-    _launch.backward(run, target, x, x, x, out, lse, out, lse, variant, causal=causal, scale=head_dim ** -0.5)
+    kw = dict(causal=causal, scale=head_dim ** -0.5, window=window)
+    out, lse = _launch.forward(run, target, x, x, x, variant, **kw)
+    _launch.backward(run, target, x, x, x, out, lse, out, lse, variant, **kw)
     names = {"attn_fwd": "fwd", "attn_bwd_preprocess": "preprocess", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq"}
-    suffix = "+dropout" if dropout else ""
+    suffix = f"+{kind}" if kind else ""
     return [(names[launch.kernel.__name__] + suffix, launch) for launch in recorded
-            if not (dropout and launch.kernel is bwd.attn_bwd_preprocess)]
+            if not (kind and launch.kernel is bwd.attn_bwd_preprocess)]
+
+
+def _kinds(target: str) -> list[tuple[bool, str]]:
+    """(causal, kind) cases of the report: the window case only where the target has "+window" rows."""
+    window = any(name.endswith("+window") for name in configs.TARGETS[target])
+    return [(False, ""), (True, ""), (True, "dropout")] + ([(True, "window")] if window else [])
 
 
 def _source(launch: _launch.Launch):
@@ -156,7 +166,8 @@ def compile_row(arch: str, head_dim: int, dtype: str, causal: bool, kernel: str)
     import triton
     from triton.backends.compiler import GPUTarget
 
-    launch = dict(record_launches(_target(arch), head_dim, dtype, causal, kernel.endswith("+dropout")))[kernel]
+    kind = kernel.partition("+")[2]
+    launch = dict(record_launches(_target(arch), head_dim, dtype, causal, kind))[kernel]
     options = _jax_triton_compat.compiler_options(launch.compile_options)  # what the runtime passes
     shown = {k: v for k, v in launch.constexprs.items() if k.startswith("BLOCK_") and k != "BLOCK_D"}
     row = Row(arch, kernel, head_dim, dtype, causal, config=" ".join(f"{k}={v}" for k, v in {**shown, **options}.items()))
@@ -177,8 +188,8 @@ def report(archs, head_dims, dtypes, jobs: int) -> list[Row]:
     for arch in archs:
         for head_dim in head_dims:
             for dtype in dtypes:
-                for causal, dropout in ((False, False), (True, False), (True, True)):
-                    for kernel, _ in record_launches(_target(arch), head_dim, dtype, causal, dropout):
+                for causal, kind in _kinds(_target(arch)):
+                    for kernel, _ in record_launches(_target(arch), head_dim, dtype, causal, kind):
                         if kernel == "preprocess" and causal:
                             continue  # does not depend on the mask
                         work.append((arch, head_dim, dtype, causal, kernel))

@@ -39,8 +39,10 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
       softcap: > 0 caps the logits: s = softcap * tanh(scale * q.k / softcap) (0: off). A static number.
       alibi_slopes: (heads_q,) or (batch, heads_q) float: ALiBi, logits -= slope * |i + seq_k - seq_q - j|.
         Treated as constants (zero gradient), as in FlashAttention.
-      dropout_p: attention-probability dropout rate in [0, 1), a static number; kept probabilities are
-        scaled by 1 / (1 - dropout_p). The mask comes from counter-based random numbers (Philox) drawn
+      dropout_p: attention-probability dropout rate in [0, 1), a static number. One random byte per
+        probability (as in FlashAttention), so the rate applied is dropout_p rounded to a multiple of
+        1/256 (at least 1/256; reference.dropout_rate); kept probabilities are scaled by 1 / (1 - that
+        rate), which keeps the expectation exact. The mask comes from counter-based random numbers (Philox) drawn
         inside the kernels and is never stored; the backward regenerates the same mask. All three
         implementations draw the same mask for the same key.
       dropout_rng: a JAX PRNG key (jax.random.key or jax.random.PRNGKey), required when dropout_p > 0.

@@ -42,8 +42,19 @@ def dropout_seeds(rng, batch: int, heads: int) -> jax.Array:
 
 
 def dropout_threshold(p: float) -> int:
-    """A probability is kept iff its 31 high random bits are >= this (kernels/dropout.py)."""
-    return int(p * 2**31)
+    """A probability is kept iff its random byte is >= this (kernels/dropout.py): p * 256 rounded, in
+    1 .. 255 for 0 < p < 1, so the rate applied is a multiple of 1/256 (FlashAttention's 8-bit draws)."""
+    return min(255, max(1, round(p * 256)))
+
+
+def dropout_rate(p: float) -> float:
+    """The rate the kernels apply for a requested dropout_p > 0: dropout_threshold(p) / 256."""
+    return dropout_threshold(p) / 256
+
+
+def dropout_keep_scale(p: float) -> float:
+    """What kept probabilities are multiplied by: 1 / (1 - the applied rate), so the expectation is exact."""
+    return 1.0 / (1.0 - dropout_rate(p))
 
 
 def _umulhi(a, b):
@@ -55,7 +66,7 @@ def _umulhi(a, b):
     return a1 * b1 + (mid1 >> 16) + (mid2 >> 16)
 
 
-def _philox(c0, c1, c2, c3, k0, k1, rounds: int = 10):
+def _philox(c0, c1, c2, c3, k0, k1, rounds: int = 7):
     """Philox 4x32 as Triton's tl.philox computes it (constants of Salmon et al. 2011)."""
     u32 = lambda x: jnp.uint32(x)  # noqa: E731
     for _ in range(rounds):
@@ -68,14 +79,15 @@ def _philox(c0, c1, c2, c3, k0, k1, rounds: int = 10):
 def dropout_keep(seeds, seq_q: int, seq_k: int, p: float) -> jax.Array:
     """(B, H, seq_q, seq_k) bool: the probabilities the kernels keep for Philox keys seeds (B, H, 2)
     uint32 (kernels/dropout.py, bit for bit)."""
-    n4 = -(-seq_k // 4)
-    c0 = jnp.broadcast_to(jnp.arange(n4, dtype=jnp.uint32)[None, :], (seq_q, n4))
-    c1 = jnp.broadcast_to(jnp.arange(seq_q, dtype=jnp.uint32)[:, None], (seq_q, n4))
+    n16 = -(-seq_k // 16)
+    c0 = jnp.broadcast_to(jnp.arange(n16, dtype=jnp.uint32)[None, :], (seq_q, n16))
+    c1 = jnp.broadcast_to(jnp.arange(seq_q, dtype=jnp.uint32)[:, None], (seq_q, n16))
     zero = jnp.zeros_like(c0)
     k0, k1 = seeds[..., 0, None, None], seeds[..., 1, None, None]
-    r = jnp.stack(_philox(c0, c1, zero, zero, k0, k1), axis=-1)  # key 4c + t takes output t of counter c
-    r = r.reshape(*seeds.shape[:2], seq_q, 4 * n4)[..., :seq_k]
-    return (r >> 1).astype(jnp.int32) >= dropout_threshold(p)
+    words = jnp.stack(_philox(c0, c1, zero, zero, k0, k1), axis=-1)  # [..., c, t]: word 4c + t
+    random_bytes = jnp.stack([(words >> (8 * j)) & 0xFF for j in range(4)], axis=-1)  # key 16c + 4t + j
+    random_bytes = random_bytes.reshape(*seeds.shape[:2], seq_q, 16 * n16)[..., :seq_k]
+    return random_bytes >= dropout_threshold(p)
 
 
 def segment_mask(q_segment_ids, kv_segment_ids) -> jax.Array:
@@ -93,7 +105,8 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     softcap * tanh(logits / softcap); alibi_slopes (B, H) float32: logits -= slope * |i + Sk - Sq - j|;
     q_segment_ids (B, Sq) / kv_segment_ids (B, Sk) int32: only equal ids attend; dropout_p > 0 with
     dropout_seeds (B, H, 2) uint32 (see dropout_seeds): the kernels' dropout mask, kept values scaled
-    by 1 / (1 - p); lse is that of the probabilities before dropout.
+    by 1 / (1 - rate), rate = dropout_rate(p) (p rounded to a multiple of 1/256); lse is that of the
+    probabilities before dropout.
     """
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     group = q.shape[2] // k.shape[2]
@@ -122,6 +135,6 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
                      precision=_HIGHEST)
     out = acc / jnp.transpose(l_safe, (0, 2, 1))[..., None]
     if dropout_p > 0:
-        out = out * (1.0 / (1.0 - dropout_p))
+        out = out * dropout_keep_scale(dropout_p)
     lse = jnp.where(empty, -jnp.inf, m + jnp.log(l_safe))
     return out.astype(q.dtype), lse

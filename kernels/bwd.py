@@ -4,7 +4,7 @@ No atomics: every output block is written by exactly one program, so gradients a
 With p = exp(s - lse):  dV = P^T dO,  dS = P * (dO V^T - delta),  dQ = scale dS K,  dK = scale dS^T Q,
 where delta = rowsum(dO * O) - dLse (a cotangent on lse adds P * dLse to dS).
 Layouts as in fwd.py; Lse, dLse, Delta are (batch, H, seq_q) fp32. Grouped-query attention: a dK/dV
-program owns one key/value head and sums over the H // KV_H query heads that read it (in a loop, so
+program owns one key/value head and sums over the H // KV_H query heads that read it (in its loop, so
 still no atomics).
 Dropout (dropout.py) regenerates the forward's keep mask: with Pd = P * keep * keep_scale,
 dV = Pd^T dO and dS = P * (keep * keep_scale * dO V^T - delta).
@@ -45,18 +45,33 @@ def _load_row_stats(Lse, Delta, row0, offs_m, seq_q):
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_base, do_base, Lse, Delta, row0, lo, hi, lo2, hi2, start_n, offs_n, seq_q, seq_k,
-                lo_off, hi_off, sm_scale, softcap, slope, QSeg, b, k_ids, seed, keep_scale, STRIDE: tl.constexpr,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
-    """Query blocks of [lo, hi) then [lo2, hi2)."""
+def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, hi, lo2, hi2, start_n, offs_n, seq_q,
+                seq_k, lo_off, hi_off, sm_scale, softcap, QSeg, k_ids, keep_scale, H: tl.constexpr,
+                GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
+                ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
+    """Query blocks of [lo, hi) then [lo2, hi2), of each of the GROUP query heads that read key/value
+    head h_kv: one flat loop (an outer loop over the heads costs registers, which spill at D 128)."""
     offs_d = tl.arange(0, BLOCK_D)
-    for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_M)):
-        start_m = span_block(i, lo, hi, lo2, BLOCK_M)
+    STRIDE: tl.constexpr = H * HEAD_DIM
+    n = span_blocks(lo, hi, lo2, hi2, BLOCK_M)
+    for i in range(0, n * GROUP):
+        if GROUP == 1:
+            h = h_kv
+            start_m = span_block(i, lo, hi, lo2, BLOCK_M)
+        else:
+            g = i // n
+            h = h_kv * GROUP + g
+            start_m = span_block(i - g * n, lo, hi, lo2, BLOCK_M)
+        q_base = head_start(b, h, seq_q, H, HEAD_DIM)
+        row0 = (b * H + h).to(tl.int64) * seq_q
+        slope = 0.0
+        if ALIBI:
+            slope = tl.load(Slopes + b * H + h)
+        seed = load_seed(Seeds, b * H + h, DROP_THRESHOLD)
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = load_tile(q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BM, BD]
-        do = load_tile(do_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BM, BD]
+        q = load_tile(Q + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BM, BD]
+        do = load_tile(dOut + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
         lse2, delta = _load_row_stats(Lse, Delta, row0, offs_m, seq_q)
         s_t = tl.dot(k, tl.trans(q), input_precision="ieee")  # [BN, BM] fp32
         if SOFTCAP or ALIBI:
@@ -71,7 +86,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, Lse, Delta, row0, lo, hi, lo2, hi
                              k_ids[:, None], BANDED, SEGMENTS)
             p_t = tl.where(seen_t, p_t, 0.0)
         if DROP_THRESHOLD > 0:
-            kept_t = tl.trans(keep(seed, offs_m, start_n, DROP_THRESHOLD, BLOCK_N))  # [BN, BM]
+            kept_t = keep(seed, offs_m, start_n, DROP_THRESHOLD, BLOCK_N, True)  # [BN, BM]
             dv = tl.dot(tl.where(kept_t, p_t * keep_scale, 0.0).to(do.dtype), do, dv, input_precision="ieee")
         else:
             dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")
@@ -97,7 +112,6 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, De
     b = bh // KV_H
     h_kv = bh % KV_H
     GROUP: tl.constexpr = H // KV_H
-    STRIDE: tl.constexpr = H * HEAD_DIM
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     kv_base = head_start(b, h_kv, seq_k, KV_H, HEAD_DIM)
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -111,22 +125,14 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, De
     begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, QueryRanges, b, BLOCK_M,
                                                     BLOCK_N, BANDED, SEGMENTS)
     k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS)
-    for g in range(GROUP):  # the query heads that share this key/value head
-        h = h_kv * GROUP + g
-        q_base = head_start(b, h, seq_q, H, HEAD_DIM)
-        row0 = (b * H + h).to(tl.int64) * seq_q
-        slope = 0.0
-        if ALIBI:
-            slope = tl.load(Slopes + b * H + h)
-        seed = load_seed(Seeds, b * H + h, DROP_THRESHOLD)
-        dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, full_begin, full_end,
-                             full_end, full_end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
-                             slope, QSeg, b, k_ids, seed, keep_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                             BANDED, False, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
-        dk, dv = _dkdv_inner(dk, dv, k, v, Q + q_base, dOut + q_base, Lse, Delta, row0, begin, full_begin, full_end,
-                             end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, QSeg, b,
-                             k_ids, seed, keep_scale, STRIDE, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, True,
-                             SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
+    dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, full_begin, full_end, full_end,
+                         full_end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, QSeg, k_ids,
+                         keep_scale, H, GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, False, SOFTCAP, ALIBI,
+                         SEGMENTS, DROP_THRESHOLD)
+    dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, begin, full_begin, full_end, end,
+                         start_n, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, QSeg, k_ids, keep_scale, H,
+                         GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, True, SOFTCAP, ALIBI, SEGMENTS,
+                         DROP_THRESHOLD)
 
     store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
     store_tile(dV + kv_base, dv, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)

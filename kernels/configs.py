@@ -1,7 +1,8 @@
 """Default launch configs per target, as data (tuning lives here, not in the launchers).
 
-TARGETS[target][kernel] is a list of rows ordered by ``max_block_d``; TARGETS[target]["<kernel>+dropout"],
-where present, replaces it for calls with dropout. A launch takes the first row
+TARGETS[target][kernel] is a list of rows ordered by ``max_block_d``; TARGETS[target]["<kernel>+window"],
+where present, replaces it for sliding windows at most NARROW_WINDOW keys wide (short key loops favour
+smaller tiles). A launch takes the first row
 whose ``max_block_d`` >= BLOCK_D * itemsize / 2: float32 inputs take the row of a head twice as wide,
 since their tiles need twice the registers and shared memory. Keys other than ``max_block_d`` are
 the kernel's BLOCK_* constexprs and compiler options (num_warps, num_stages; on HIP also
@@ -46,33 +47,45 @@ def _hip():
     }
 
 
-_CUDA_FWD_ROWS = [
-    dict(max_block_d=64, BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
-    dict(max_block_d=128, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
-    dict(max_block_d=256, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
-    dict(max_block_d=512, BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1),
-]
+NARROW_WINDOW = 2048  # bands (left + right + 1 keys) up to this wide take the "+window" rows
+
+
+def _with(rows, max_block_d, **change):
+    """rows with the one of this max_block_d changed."""
+    return [dict(r, **change) if r["max_block_d"] == max_block_d else r for r in rows]
+
+
+_CUDA = {
+    "fwd": [
+        dict(max_block_d=64, BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+        dict(max_block_d=128, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+        dict(max_block_d=256, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+        dict(max_block_d=512, BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1),
+    ],
+    "dkdv": [
+        dict(max_block_d=64, BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3),
+        # H200, D 128, N 4096: 4.3 ms backward vs 8.5 ms for 32 x 128 x 4 warps (3 KB of spills)
+        dict(max_block_d=128, BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
+        dict(max_block_d=256, BLOCK_M=32, BLOCK_N=64, num_warps=8, num_stages=2),  # 4 warps: 4.5 KB spills
+        dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ],
+    "dq": [
+        dict(max_block_d=64, BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=3),
+        dict(max_block_d=128, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),  # no spills at D 128
+        dict(max_block_d=256, BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2),
+        dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1),
+    ],
+}
 
 TARGETS = {
     # NVIDIA sm80/sm90 (H100/H200 measured)
     "cuda": {
-        "fwd": _CUDA_FWD_ROWS,
-        # "<kernel>+dropout" rows replace a kernel's rows when dropout is on: the random-number tile's
-        # layout change takes 16 KB of shared memory, which 3 stages at D 128 (224 KB) have no room for
-        "fwd+dropout": [dict(r, num_stages=2) if r["max_block_d"] == 128 else r for r in _CUDA_FWD_ROWS],
-        "dkdv": [
-            dict(max_block_d=64, BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3),
-            # H200, D 128, N 4096: 4.3 ms backward vs 8.5 ms for 32 x 128 x 4 warps (3 KB of spills)
-            dict(max_block_d=128, BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
-            dict(max_block_d=256, BLOCK_M=32, BLOCK_N=64, num_warps=8, num_stages=2),  # 4 warps: 4.5 KB spills
-            dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
-        ],
-        "dq": [
-            dict(max_block_d=64, BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=3),
-            dict(max_block_d=128, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),  # no spills at D 128
-            dict(max_block_d=256, BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2),
-            dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1),
-        ],
+        **_CUDA,
+        # window (1024, 0), N 16384, D 128 on the H200, swept over CANDIDATES: fwd 0.398 ms vs 0.426,
+        # dK/dV 1.366 vs 1.449, dQ 1.249 vs 1.318 (9 key blocks per query block: the loop is short)
+        "fwd+window": _with(_CUDA["fwd"], 128, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+        "dkdv+window": _with(_CUDA["dkdv"], 128, BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
+        "dq+window": _with(_CUDA["dq"], 128, BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
         "preprocess": _PRE,
     },
     "gfx90a": _hip(),  # MI200: 64 KiB LDS
@@ -85,6 +98,10 @@ TARGETS = {
         "dkdv": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)],
         "dq": [dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)],
         "preprocess": [dict(max_block_d=512, BLOCK_M=32, num_warps=4, num_stages=1)],
+        # other blocks for narrow windows, so the tests run the "+window" selection too
+        "fwd+window": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)],
+        "dkdv+window": [dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)],
+        "dq+window": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)],
     },
 }
 

@@ -5,7 +5,7 @@ row strides H * HEAD_DIM and KV_H * HEAD_DIM are compile-time constants (aligned
 (batch, H, seq_q) fp32, natural log. Grouped-query attention: query head h reads key/value head
 h // (H // KV_H), in place (no copy per query head). One program per (query block, batch * H).
 Dropout (DROP_THRESHOLD > 0, dropout.py) zeroes probabilities after the row sums are taken, and the
-output is scaled by keep_scale = 1 / (1 - p).
+output is scaled by keep_scale = 1 / (1 - rate).
 FP8 (inference, P8_SCALE > 0): q, k, v in a float8 type with dequantisation factors Descales (batch,
 KV_H, 3) float32 (q, k, v). The q.k dot runs in fp8 with fp32 accumulation and its scale absorbs
 q_descale * k_descale; P (in [0, 1]) is multiplied by P8_SCALE (a power of two, jax_flash_amd/fp8.py)

@@ -1,6 +1,8 @@
 """Float64 NumPy attention, forward and backward, written from the definition (the test oracle)."""
 import numpy as np
 
+from jax_flash_amd.reference import dropout_keep_scale
+
 
 def _f64(x):
     return np.asarray(np.asarray(x).astype(np.float32), np.float64)
@@ -10,7 +12,7 @@ def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None, window=(-1,
               segments=None, keep=None, dropout_p=0.0):
     """Returns dict(out, lse, dq, dk, dv) in float64 for cotangents dout (and dlse, default 0).
     segments: (q ids (B, Sq), kv ids (B, Sk)); keep: (B, H, Sq, Sk) bool dropout mask, kept
-    probabilities scaled by 1 / (1 - dropout_p)."""
+    probabilities scaled by 1 / (1 - the applied rate) (dropout_p rounded to a multiple of 1/256)."""
     q, k, v, dout = map(_f64, (q, k, v, dout))
     group = q.shape[2] // k.shape[2]  # grouped-query attention: each key/value head serves `group` query heads
     k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
@@ -41,7 +43,7 @@ def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None, window=(-1,
     l = e.sum(-1, keepdims=True)
     p = e / np.where(l == 0, 1.0, l)
     lse = np.where(l[..., 0] == 0, -np.inf, m[..., 0] + np.log(np.where(l[..., 0] == 0, 1.0, l[..., 0])))
-    drop = 1.0 if keep is None else np.asarray(keep) / (1.0 - dropout_p)  # dropout: P -> P * drop
+    drop = 1.0 if keep is None else np.asarray(keep) * dropout_keep_scale(dropout_p)  # P -> P * drop
     out = np.einsum("bhqk,bkhd->bqhd", p * drop, v)
     dlse = np.zeros_like(lse) if dlse is None else _f64(dlse)
     dv = np.einsum("bhqk,bqhd->bkhd", p * drop, dout)

@@ -1,11 +1,25 @@
-"""Opt-in autotuning: it tunes once per coarse key, picks among the candidates, and stays exact."""
+"""Config choice: the default rows (narrow windows have their own) and opt-in autotuning, which tunes
+once per coarse key, picks among the candidates, and stays exact."""
 import jax.numpy as jnp
 import pytest
 
 import oracle
 from helpers import KERNEL_IMPLS, assert_close, inputs, run
-from jax_flash_amd import autotune
+from jax_flash_amd import _launch, autotune
 from jax_flash_amd.kernels import configs
+
+
+def test_narrow_sliding_windows_take_their_rows():
+    assert _launch.narrow_window(True, (1024, -1)) and _launch.narrow_window(False, (1000, 1000))
+    assert not _launch.narrow_window(True, (-1, -1))  # causal alone: the long loops of the plain rows
+    assert not _launch.narrow_window(False, (1024, -1))  # unbounded on the right
+    assert not _launch.narrow_window(True, (configs.NARROW_WINDOW, 0))  # wider than NARROW_WINDOW keys
+    for kernel in ("fwd", "dkdv", "dq"):
+        rows = configs.TARGETS["cuda"][f"{kernel}+window"]
+        assert _launch.pick_config("cuda", kernel, 128, jnp.bfloat16, narrow_window=True)[0] == {
+            k: v for k, v in next(r for r in rows if r["max_block_d"] >= 128).items() if k.startswith("BLOCK_")}
+        assert _launch.pick_config("gfx942", kernel, 128, jnp.bfloat16, narrow_window=True) == \
+            _launch.pick_config("gfx942", kernel, 128, jnp.bfloat16)  # no window rows there
 
 
 def test_buckets_are_coarse():

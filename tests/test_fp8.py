@@ -58,7 +58,8 @@ def test_fp8_forward_against_float64(impl, dtype, kind):
     # P rounded to e4m3 (3 mantissa bits) for the PV dot: ~1.5-2% measured; the bar is 5%
     assert err < 0.05, err
     fin = np.isfinite(ref["lse"])
-    np.testing.assert_allclose(np.asarray(lse)[fin], ref["lse"][fin], rtol=1e-4, atol=1e-4)
+    # Hopper's fp8 MMA accumulates the logits with fewer bits than fp32: ~1e-3 off on the H200
+    np.testing.assert_allclose(np.asarray(lse)[fin], ref["lse"][fin], rtol=1e-4, atol=4e-3)
 
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS + ["xla"])
