@@ -43,22 +43,30 @@ def config_width(head_dim: int, dtype) -> int:
     return block_d(head_dim, dtype) * max(2, jnp.dtype(dtype).itemsize) // 2
 
 
-def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, narrow_window: bool = False
-                ) -> tuple[dict, dict]:
+def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, kind: str = "") -> tuple[dict, dict]:
     """(block constexprs, compiler options): rows[kernel] when given (autotuning), else the heuristic
-    default, the first configs.TARGETS row whose max_block_d covers the head (the "<kernel>+window"
-    rows for a narrow sliding window, where the target has them)."""
+    default, the first configs.TARGETS row whose max_block_d covers the head, from the
+    "<kernel>+<kind>" rows where the target has them (kind: see row_kind)."""
     row = (rows or {}).get(kernel)
     if row is None:
         width = config_width(head_dim, dtype)
         table = configs.TARGETS[target]
-        candidates = table.get(f"{kernel}+window", table[kernel]) if narrow_window else table[kernel]
+        candidates = table.get(f"{kernel}+{kind}", table[kernel]) if kind else table[kernel]
         row = next((r for r in candidates if r["max_block_d"] >= width), None)
         if row is None:
             raise ValueError(f"no {kernel} config for head_dim={head_dim}, dtype={dtype} on {target}")
     blocks = {k: v for k, v in row.items() if k.startswith("BLOCK_")}
     options = {k: v for k, v in row.items() if k != "max_block_d" and not k.startswith("BLOCK_")}
     return blocks, options
+
+
+def row_kind(causal: bool, window: tuple[int, int], dropout_p: float = 0.0, group: int = 1) -> str:
+    """Which config rows a call takes: "window" for a narrow band (narrow_window), else "dropout" with
+    dropout (its random numbers cost registers), else "gqa" with grouped query heads (group > 1: the
+    dK/dV loop runs over the group's heads too), else "" (the plain rows)."""
+    if narrow_window(causal, window):
+        return "window"
+    return "dropout" if dropout_p > 0 else "gqa" if group > 1 else ""
 
 
 def narrow_window(causal: bool, window: tuple[int, int]) -> bool:
@@ -149,6 +157,22 @@ def _common(q, k, banded: bool, softcap: float, variant: Variant) -> dict[str, A
                 SEGMENTS=variant.q_segment_ids is not None, DROP_THRESHOLD=variant.drop_threshold)
 
 
+def keys_last(run: Run, target: str, v):
+    """v (batch, seq_k, heads, D) as (batch, heads, D, seq_k rounded up to 16), zero-padded: the layout
+    the fp8 forward reads (kernels/fwd.py)."""
+    b, sk, h, d = v.shape
+    blocks, options = pick_config(target, "keys_last", d, v.dtype)
+    (vt,) = run(Launch(
+        kernel=fwd.keys_last,
+        grid=(_cdiv(_cdiv(sk, 16) * 16, blocks["BLOCK_N"]), b * h),
+        args=(v, sk),
+        out_shapes=(jax.ShapeDtypeStruct((b, h, d, _cdiv(sk, 16) * 16), v.dtype),),
+        constexprs=dict(KV_H=h, HEAD_DIM=d, BLOCK_D=block_d(d, v.dtype), **blocks),
+        compile_options=options,
+    ))
+    return vt
+
+
 def forward(run: Run, target: str, q, k, v, variant: Variant = Variant(), *, causal: bool, scale: float,
             window=(-1, -1), softcap: float = 0.0, rows=None):
     """(out, lse): out like q (bfloat16 for fp8 inputs), lse (batch, heads, seq_q) float32, natural log.
@@ -156,7 +180,10 @@ def forward(run: Run, target: str, q, k, v, variant: Variant = Variant(), *, cau
     (autotuning)."""
     b, sq, h, _ = q.shape
     banded, lo_off, hi_off = band(causal, window, sq, k.shape[1])
-    blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows, narrow_window(causal, window))
+    blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows,
+                                  row_kind(causal, window, variant.dropout_p, h // k.shape[2]))
+    if fp8.is_fp8(q.dtype):
+        v = keys_last(run, target, v)
     out, lse = run(Launch(
         kernel=fwd.attn_fwd,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
@@ -165,7 +192,7 @@ def forward(run: Run, target: str, q, k, v, variant: Variant = Variant(), *, cau
         out_shapes=(jax.ShapeDtypeStruct(q.shape, jnp.bfloat16 if fp8.is_fp8(q.dtype) else q.dtype),
                     jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
         constexprs={**_common(q, k, banded, softcap, variant), **blocks,
-                    "P8_SCALE": fp8.P_SCALE.get(jnp.dtype(q.dtype), 0.0)},
+                    "P8_LOG2": fp8.P_LOG2.get(jnp.dtype(q.dtype), 0)},
         compile_options=options,
     ))
     return out, lse
@@ -180,6 +207,7 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, variant: Vari
     common = _common(q, k, banded, softcap, variant)
     operands = variant.operands()
     scalars = (np.float32(scale), np.float32(softcap), variant.keep_scale, sq, sk, lo_off, hi_off)
+    kind = row_kind(causal, window, variant.dropout_p, h // k.shape[2])
     blocks, options = pick_config(target, "preprocess", d, q.dtype, rows)
     (delta,) = run(Launch(
         kernel=bwd.attn_bwd_preprocess,
@@ -189,7 +217,7 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, variant: Vari
         constexprs={k_: common[k_] for k_ in ("H", "HEAD_DIM", "BLOCK_D")} | blocks,
         compile_options=options,
     ))
-    blocks, options = pick_config(target, "dkdv", d, q.dtype, rows, narrow_window(causal, window))
+    blocks, options = pick_config(target, "dkdv", d, q.dtype, rows, kind)
     dk, dv = run(Launch(
         kernel=bwd.attn_bwd_dkdv,
         grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2]),  # one program per key/value head
@@ -198,7 +226,7 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, variant: Vari
         constexprs={**common, **blocks},
         compile_options=options,
     ))
-    blocks, options = pick_config(target, "dq", d, q.dtype, rows, narrow_window(causal, window))
+    blocks, options = pick_config(target, "dq", d, q.dtype, rows, kind)
     (dq,) = run(Launch(
         kernel=bwd.attn_bwd_dq,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),

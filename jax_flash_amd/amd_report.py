@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash_amd import _jax_triton_compat, _launch, fp8
-from jax_flash_amd.kernels import bwd, configs
+from jax_flash_amd.kernels import bwd, configs, fwd
 
 AMD_ARCHS = ("gfx90a", "gfx942", "gfx950")
 # Bytes of LDS per workgroup (AMD: per CU) and shared memory per block (sm90, opt-in maximum).
@@ -78,8 +78,9 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
                     ) -> list[tuple[str, _launch.Launch]]:
     """The launches of one forward and one backward, as the runtime would make them (shapes are nominal:
     sequence lengths are runtime arguments and do not change the compiled code). kind: "" (plain),
-    "dropout" (its kernels draw random numbers: more registers) or "window" (a narrow sliding window,
-    which takes the "+window" config rows where the target has them); kernels are named with it."""
+    "dropout" (its kernels draw random numbers: more registers), "window" (a narrow sliding window) or
+    "gqa" (4 query heads per key/value head), which take the "+<kind>" config rows where the target
+    has them; kernels are named with it."""
     recorded = []
 
     def run(launch):
@@ -89,15 +90,16 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
     x = jax.ShapeDtypeStruct((1, 1024, 16, head_dim), jnp.dtype(dtype))
     variant = _launch.Variant()
     window = (256, 0) if kind == "window" else (-1, -1)
+    kv = jax.ShapeDtypeStruct((1, 1024, 4, head_dim), jnp.dtype(dtype)) if kind == "gqa" else x
     if kind == "dropout":
         variant = _launch.Variant(seeds=jnp.zeros((1, 16, 2), jnp.uint32), dropout_p=0.1)
     if fp8.is_fp8(dtype):  # inference: the forward only
         variant = _launch.Variant(descales=jnp.ones((1, 16, 3), jnp.float32))
         _launch.forward(run, target, x, x, x, variant, causal=causal, scale=head_dim ** -0.5)
-        return [("fwd", recorded[0])]
+        return [("fwd", next(launch for launch in recorded if launch.kernel is fwd.attn_fwd))]
     kw = dict(causal=causal, scale=head_dim ** -0.5, window=window)
-    out, lse = _launch.forward(run, target, x, x, x, variant, **kw)
-    _launch.backward(run, target, x, x, x, out, lse, out, lse, variant, **kw)
+    out, lse = _launch.forward(run, target, x, kv, kv, variant, **kw)
+    _launch.backward(run, target, x, kv, kv, out, lse, out, lse, variant, **kw)
     names = {"attn_fwd": "fwd", "attn_bwd_preprocess": "preprocess", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq"}
     suffix = f"+{kind}" if kind else ""
     return [(names[launch.kernel.__name__] + suffix, launch) for launch in recorded
@@ -105,9 +107,9 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
 
 
 def _kinds(target: str) -> list[tuple[bool, str]]:
-    """(causal, kind) cases of the report: the window case only where the target has "+window" rows."""
-    window = any(name.endswith("+window") for name in configs.TARGETS[target])
-    return [(False, ""), (True, ""), (True, "dropout")] + ([(True, "window")] if window else [])
+    """(causal, kind) cases of the report: window and gqa only where the target has their rows."""
+    extra = [kind for kind in ("window", "gqa") if any(name.endswith("+" + kind) for name in configs.TARGETS[target])]
+    return [(False, ""), (True, ""), (True, "dropout")] + [(True, kind) for kind in extra]
 
 
 def _source(launch: _launch.Launch):

@@ -17,10 +17,10 @@ SUPPORTED = {
 }
 
 
-# P (in [0, 1]) is scaled by this before its rounding to fp8 for the PV dot: a power of two (exact to
-# undo) that keeps the largest P below the type's maximum (448 e4m3fn, 240 e4m3fnuz) and moves small
+# P (in [0, 1]) is scaled by 2 ** this before its rounding to fp8 for the PV dot: a power of two (exact
+# to undo) that keeps the largest P below the type's maximum (448 e4m3fn, 240 e4m3fnuz) and moves small
 # probabilities out of the subnormal range.
-P_SCALE = {jnp.dtype(jnp.float8_e4m3fn): 256.0, jnp.dtype(jnp.float8_e4m3fnuz): 128.0}
+P_LOG2 = {jnp.dtype(jnp.float8_e4m3fn): 8, jnp.dtype(jnp.float8_e4m3fnuz): 7}
 
 
 def is_fp8(dtype) -> bool:

@@ -78,15 +78,20 @@ def _philox(c0, c1, c2, c3, k0, k1, rounds: int = 7):
 
 def dropout_keep(seeds, seq_q: int, seq_k: int, p: float) -> jax.Array:
     """(B, H, seq_q, seq_k) bool: the probabilities the kernels keep for Philox keys seeds (B, H, 2)
-    uint32 (kernels/dropout.py, bit for bit)."""
-    n16 = -(-seq_k // 16)
-    c0 = jnp.broadcast_to(jnp.arange(n16, dtype=jnp.uint32)[None, :], (seq_q, n16))
-    c1 = jnp.broadcast_to(jnp.arange(seq_q, dtype=jnp.uint32)[:, None], (seq_q, n16))
+    uint32 (kernels/dropout.py, bit for bit): query 16a + 8m + l and key 32b + 8i + 2t + j take byte
+    8m + 2i + j of the call with counter (4b + t, 8a + l, 0, 0)."""
+    na, nb = -(-seq_q // 16), -(-seq_k // 32)
+    c0 = jnp.broadcast_to(jnp.arange(4 * nb, dtype=jnp.uint32)[None, :], (8 * na, 4 * nb))  # 4b + t
+    c1 = jnp.broadcast_to(jnp.arange(8 * na, dtype=jnp.uint32)[:, None], (8 * na, 4 * nb))  # 8a + l
     zero = jnp.zeros_like(c0)
     k0, k1 = seeds[..., 0, None, None], seeds[..., 1, None, None]
-    words = jnp.stack(_philox(c0, c1, zero, zero, k0, k1), axis=-1)  # [..., c, t]: word 4c + t
-    random_bytes = jnp.stack([(words >> (8 * j)) & 0xFF for j in range(4)], axis=-1)  # key 16c + 4t + j
-    random_bytes = random_bytes.reshape(*seeds.shape[:2], seq_q, 16 * n16)[..., :seq_k]
+    words = jnp.stack(_philox(c0, c1, zero, zero, k0, k1), axis=-1)  # [..., 8a + l, 4b + t, n // 4]
+    random_bytes = jnp.stack([(words >> (8 * r)) & 0xFF for r in range(4)], axis=-1)  # byte n = 8m + 2i + j
+    lead = seeds.shape[:-1]
+    random_bytes = random_bytes.reshape(*lead, na, 8, nb, 4, 2, 4, 2)  # [..., a, l, b, t, m, i, j]
+    n = len(lead)
+    random_bytes = random_bytes.transpose(*range(n), n, n + 4, n + 1, n + 2, n + 5, n + 3, n + 6)  # a m l b i t j
+    random_bytes = random_bytes.reshape(*lead, 16 * na, 32 * nb)[..., :seq_q, :seq_k]
     return random_bytes >= dropout_threshold(p)
 
 

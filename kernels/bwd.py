@@ -51,7 +51,8 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
                 BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
                 ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
     """Query blocks of [lo, hi) then [lo2, hi2), of each of the GROUP query heads that read key/value
-    head h_kv: one flat loop (an outer loop over the heads costs registers, which spill at D 128)."""
+    head h_kv: one flat loop (an outer loop over the heads costs registers, which spill at D 128), the
+    heads innermost (the GROUP heads' tiles of one query block are read together)."""
     offs_d = tl.arange(0, BLOCK_D)
     STRIDE: tl.constexpr = H * HEAD_DIM
     n = span_blocks(lo, hi, lo2, hi2, BLOCK_M)
@@ -60,9 +61,8 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
             h = h_kv
             start_m = span_block(i, lo, hi, lo2, BLOCK_M)
         else:
-            g = i // n
-            h = h_kv * GROUP + g
-            start_m = span_block(i - g * n, lo, hi, lo2, BLOCK_M)
+            h = h_kv * GROUP + i % GROUP
+            start_m = span_block(i // GROUP, lo, hi, lo2, BLOCK_M)
         q_base = head_start(b, h, seq_q, H, HEAD_DIM)
         row0 = (b * H + h).to(tl.int64) * seq_q
         slope = 0.0
@@ -86,7 +86,7 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
                              k_ids[:, None], BANDED, SEGMENTS)
             p_t = tl.where(seen_t, p_t, 0.0)
         if DROP_THRESHOLD > 0:
-            kept_t = keep(seed, offs_m, start_n, DROP_THRESHOLD, BLOCK_N, True)  # [BN, BM]
+            kept_t = keep(seed, start_m, start_n, DROP_THRESHOLD, BLOCK_M, BLOCK_N, True)  # [BN, BM]
             dv = tl.dot(tl.where(kept_t, p_t * keep_scale, 0.0).to(do.dtype), do, dv, input_precision="ieee")
         else:
             dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")
@@ -139,12 +139,13 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, De
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q, seq_k, lo_off, hi_off,
+def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, start_m, seq_q, seq_k, lo_off, hi_off,
               sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale, STRIDE_KV: tl.constexpr,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
-              MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
-              DROP_THRESHOLD: tl.constexpr):
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+              SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
     """Key blocks of [lo, hi) then [lo2, hi2)."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
         start_n = span_block(i, lo, hi, lo2, BLOCK_N)
@@ -165,7 +166,7 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, offs_m, 
             p = tl.where(seen, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # [BM, BN]
         if DROP_THRESHOLD > 0:
-            dp = tl.where(keep(seed, offs_m, start_n, DROP_THRESHOLD, BLOCK_N), dp * keep_scale, 0.0)
+            dp = tl.where(keep(seed, start_m, start_n, DROP_THRESHOLD, BLOCK_M, BLOCK_N), dp * keep_scale, 0.0)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
             ds = ds * dlogit  # through softcap's tanh
@@ -203,9 +204,9 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, dOut, Lse, Delta,
     seed = load_seed(Seeds, bh, DROP_THRESHOLD)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, full_start, full_end, full_end, full_end,
-                   offs_m, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
-                   STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, False, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
+                   start_m, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
+                   STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, False, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, start, full_start, full_end, end,
-                   offs_m, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
-                   STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, True, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
+                   start_m, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
+                   STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, True, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
     store_tile(dQ + q_base, dq * sm_scale, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, BLOCK_D != HEAD_DIM)

@@ -2,17 +2,20 @@
 
 TARGETS[target][kernel] is a list of rows ordered by ``max_block_d``; TARGETS[target]["<kernel>+window"],
 where present, replaces it for sliding windows at most NARROW_WINDOW keys wide (short key loops favour
-smaller tiles). A launch takes the first row
-whose ``max_block_d`` >= BLOCK_D * itemsize / 2: float32 inputs take the row of a head twice as wide,
+smaller tiles), "<kernel>+dropout" with dropout, "<kernel>+gqa" with grouped query heads
+(jax_flash_amd/_launch.py: row_kind). A launch takes
+the first row whose ``max_block_d`` >= BLOCK_D * itemsize / 2: float32 inputs take the row of a head twice as wide,
 since their tiles need twice the registers and shared memory. Keys other than ``max_block_d`` are
 the kernel's BLOCK_* constexprs and compiler options (num_warps, num_stages; on HIP also
 waves_per_eu and matrix_instr_nonkdim, which need a jax-triton that forwards them).
 
 Kernels: "fwd" (BLOCK_M queries held, BLOCK_N keys streamed), "dkdv" (BLOCK_N keys held, BLOCK_M
-queries streamed), "dq" (BLOCK_M queries held, BLOCK_N keys streamed), "preprocess" (BLOCK_M rows).
+queries streamed), "dq" (BLOCK_M queries held, BLOCK_N keys streamed), "preprocess" (BLOCK_M rows),
+"keys_last" (BLOCK_N keys of V transposed for the fp8 forward).
 """
 
 _PRE = [dict(max_block_d=512, BLOCK_M=64, num_warps=4, num_stages=1)]
+_KEYS_LAST = [dict(max_block_d=512, BLOCK_N=64, num_warps=4, num_stages=1)]  # the fp8 forward's V^T
 
 
 def _hip():
@@ -20,13 +23,16 @@ def _hip():
     # with waves_per_eu, 16x16 MFMA in the backward. Checked with `python -m jax_flash_amd.amd_report
     # --check` (no spills, forward at 2 waves/SIMD): ROCm's usual 128 x 64 x 4 warps forward spills
     # ~100 bytes/lane in this kernel at D 128 (triton 3.9), 8 warps do not.
+    fwd = [
+        dict(max_block_d=64, BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2),
+        dict(max_block_d=128, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=1, waves_per_eu=2),
+        dict(max_block_d=256, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=1),
+        dict(max_block_d=512, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=1),
+    ]
     return {
-        "fwd": [
-            dict(max_block_d=64, BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2),
-            dict(max_block_d=128, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=1, waves_per_eu=2),
-            dict(max_block_d=256, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=1),
-            dict(max_block_d=512, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=1),
-        ],
+        "fwd": fwd,
+        # the Philox draw's registers: 128 x 64 spills 8 bytes on gfx942 at D 128, 128 x 32 none (185 VGPRs)
+        "fwd+dropout": _with(fwd, 128, BLOCK_N=32),
         "dkdv": [
             dict(max_block_d=128, BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=1, waves_per_eu=1,
                  matrix_instr_nonkdim=16),
@@ -44,6 +50,7 @@ def _hip():
                  matrix_instr_nonkdim=16),
         ],
         "preprocess": _PRE,
+        "keys_last": _KEYS_LAST,
     }
 
 
@@ -86,7 +93,15 @@ TARGETS = {
         "fwd+window": _with(_CUDA["fwd"], 128, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
         "dkdv+window": _with(_CUDA["dkdv"], 128, BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
         "dq+window": _with(_CUDA["dq"], 128, BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
+        # dropout 0.1, N 4096, D 128 on the H200: backward 1.26x / 1.21x the plain one (non-causal) with these
+        # rows alone vs 1.31x with the plain rows; the default dK/dV tile spills 200 bytes with the Philox draw
+        "dkdv+dropout": _with(_CUDA["dkdv"], 128, BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
+        "dq+dropout": _with(_CUDA["dq"], 128, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+        # 32 query / 8 key-value heads, N 4096, D 128: dK/dV 8.50 vs 8.93 ms (2 stages) non-causal, 5.04 vs 5.14
+        # causal (MHA: 8.63 / 4.83 either way): each program's loop is GROUP times longer
+        "dkdv+gqa": _with(_CUDA["dkdv"], 128, num_stages=3),
         "preprocess": _PRE,
+        "keys_last": _KEYS_LAST,
     },
     "gfx90a": _hip(),  # MI200: 64 KiB LDS
     "gfx942": _hip(),  # MI300: 64 KiB LDS
@@ -98,10 +113,14 @@ TARGETS = {
         "dkdv": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)],
         "dq": [dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)],
         "preprocess": [dict(max_block_d=512, BLOCK_M=32, num_warps=4, num_stages=1)],
+        "keys_last": [dict(max_block_d=512, BLOCK_N=16, num_warps=4, num_stages=1)],
         # other blocks for narrow windows, so the tests run the "+window" selection too
         "fwd+window": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)],
         "dkdv+window": [dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)],
         "dq+window": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)],
+        # and for dropout, whose random bytes come in 32-key groups (kernels/dropout.py): 16 and 32 keys
+        "dkdv+dropout": [dict(max_block_d=512, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)],
+        "dq+dropout": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)],
     },
 }
 

@@ -6,11 +6,15 @@ row strides H * HEAD_DIM and KV_H * HEAD_DIM are compile-time constants (aligned
 h // (H // KV_H), in place (no copy per query head). One program per (query block, batch * H).
 Dropout (DROP_THRESHOLD > 0, dropout.py) zeroes probabilities after the row sums are taken, and the
 output is scaled by keep_scale = 1 / (1 - rate).
-FP8 (inference, P8_SCALE > 0): q, k, v in a float8 type with dequantisation factors Descales (batch,
+FP8 (inference, P8_LOG2 > 0): q, k, v in a float8 type with dequantisation factors Descales (batch,
 KV_H, 3) float32 (q, k, v). The q.k dot runs in fp8 with fp32 accumulation and its scale absorbs
-q_descale * k_descale; P (in [0, 1]) is multiplied by P8_SCALE (a power of two, jax_flash_amd/fp8.py)
-and rounded to v's fp8 type for the PV dot, which keeps small probabilities out of e4m3's subnormals;
-the output divides that back out and applies v_descale.
+q_descale * k_descale; P (in [0, 1]) is computed as P * 2 ** P8_LOG2 (jax_flash_amd/fp8.py: the
+exponent shift costs no multiply) and rounded to v's fp8 type for the PV dot, which keeps small
+probabilities out of e4m3's subnormals; the row sums carry the same factor, so the output's division
+cancels it, and lse subtracts it; the output applies v_descale. V comes transposed, (batch, KV_H, HEAD_DIM,
+seq_k rounded up to 16; keys_last below): fp8 MMAs read both operands K-major from shared memory, and
+only a tile whose keys are contiguous (and 16-byte aligned rows) is copied there asynchronously, i.e.
+pipelined.
 """
 import triton
 import triton.language as tl
@@ -21,12 +25,13 @@ from .scores import LN2, LOG2E, logits2
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q, seq_k, lo_off, hi_off,
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, start_m, seq_q, seq_k, lo_off, hi_off,
                sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
-               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
-               P8_SCALE: tl.constexpr):
+               BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
+               MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
+               DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr):
     """Key blocks of [lo, hi) then [lo2, hi2)."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
         start_n = span_block(i, lo, hi, lo2, BLOCK_N)
@@ -47,19 +52,22 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, offs_m, seq_q
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(s - m_use[:, None])
+            p = tl.math.exp2(s - (m_use - P8_LOG2)[:, None])
         else:
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
             m_use = m_new
-            p = tl.math.exp2(s * qk_scale - m_use[:, None])
+            p = tl.math.exp2(s * qk_scale - (m_use - P8_LOG2)[:, None])
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROP_THRESHOLD > 0:  # after the row sum: dropout acts on normalised probabilities
-            p = tl.where(keep(seed, offs_m, start_n, DROP_THRESHOLD, BLOCK_N), p, 0.0)
-        v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
-        if P8_SCALE > 0:
-            acc = tl.dot((p * P8_SCALE).to(v.dtype), v, acc * alpha[:, None])
+            p = tl.where(keep(seed, start_m, start_n, DROP_THRESHOLD, BLOCK_M, BLOCK_N), p, 0.0)
+        if P8_LOG2 > 0:  # v_base: this head's V^T, rows seq_k rounded up to 16 apart
+            stride_vt = tl.multiple_of((seq_k + 15) // 16 * 16, 16)
+            # bounded by the padded length (zeros past seq_k, where P is 0): a mask constant over 16 keys
+            v = tl.trans(load_tile(v_base, offs_d, offs_n, stride_vt, HEAD_DIM, stride_vt, BLOCK_D != HEAD_DIM, MASKED))
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         else:
+            v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
         m_i = m_new
     return acc, l_i, m_i
@@ -70,11 +78,11 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Descales, sm_scale, 
              lo_off, hi_off, Out, Lse, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
              BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
              SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
-             P8_SCALE: tl.constexpr):
+             P8_LOG2: tl.constexpr):
     """lo_off / hi_off / BANDED: the visible band, QSeg / KSeg (batch, seq) int32 and KeyRanges /
     SEGMENTS: segment ids (masking.py); softcap / SOFTCAP and Slopes (batch, H) fp32 / ALIBI: logit
     modifiers (scores.py); Seeds (batch, H, 2) uint32, keep_scale, DROP_THRESHOLD: dropout (dropout.py);
-    Descales / P8_SCALE: fp8 inputs (above)."""
+    Descales / P8_LOG2: fp8 inputs (above)."""
     # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
@@ -86,6 +94,8 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Descales, sm_scale, 
     q_base = Q + q_start
     k_base = K + kv_start
     v_base = V + kv_start
+    if P8_LOG2 > 0:
+        v_base = V + (b * KV_H + h // (H // KV_H)).to(tl.int64) * HEAD_DIM * ((seq_k + 15) // 16 * 16)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
@@ -102,26 +112,43 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Descales, sm_scale, 
     q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
     seed = load_seed(Seeds, bh, DROP_THRESHOLD)
     v_descale = 1.0
-    if P8_SCALE > 0:
+    if P8_LOG2 > 0:
         descales = Descales + (b * KV_H + h // (H // KV_H)) * 3
         sm_scale = sm_scale * tl.load(descales) * tl.load(descales + 1)
-        v_descale = tl.load(descales + 2) / P8_SCALE
+        v_descale = tl.load(descales + 2)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, full_start, full_end, full_end, full_end, offs_m,
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, full_start, full_end, full_end, full_end, start_m,
                                seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV,
-                               HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, False, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD, P8_SCALE)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, full_start, full_end, end, offs_m,
+                               HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, False, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD, P8_LOG2)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, full_start, full_end, end, start_m,
                                seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV,
-                               HEAD_DIM, BLOCK_D, BLOCK_N, BANDED, True, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD, P8_SCALE)
+                               HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, True, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD, P8_LOG2)
 
     # rows that saw no key: output 0, lse -inf
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     if DROP_THRESHOLD > 0:
         out = out * keep_scale
-    if P8_SCALE > 0:
+    if P8_LOG2 > 0:
         out = out * v_descale
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i)) - P8_LOG2) * LN2)
     store_tile(Out + q_start, out, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM,
                BLOCK_D != HEAD_DIM)
     tl.store(Lse + bh.to(tl.int64) * seq_q + offs_m, lse, mask=offs_m < seq_q)
+
+
+@triton.jit
+def keys_last(V, seq_k, Vt, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    """Vt (batch, KV_H, HEAD_DIM, seq_k rounded up to 16, zeros past seq_k) = V (batch, seq_k, KV_H,
+    HEAD_DIM) transposed, for the fp8 forward (H200, 4 x 4096 x 16 x 128: 34 us vs 51 for XLA's
+    transpose and pad)."""
+    start_n = tl.program_id(0) * BLOCK_N
+    bh = tl.program_id(1)
+    seq_pad = tl.multiple_of((seq_k + 15) // 16 * 16, 16)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    v = load_tile(V + head_start(bh // KV_H, bh % KV_H, seq_k, KV_H, HEAD_DIM), offs_n, offs_d, KV_H * HEAD_DIM,
+                  seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BN, BD], zeros past seq_k
+    ptrs = Vt + bh.to(tl.int64) * HEAD_DIM * seq_pad + offs_d[:, None] * seq_pad + offs_n[None, :]
+    tl.store(ptrs, tl.trans(v), mask=(offs_d[:, None] < HEAD_DIM) & (offs_n[None, :] < seq_pad))

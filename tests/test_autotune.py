@@ -1,4 +1,4 @@
-"""Config choice: the default rows (narrow windows have their own) and opt-in autotuning, which tunes
+"""Config choice: the default rows (narrow windows and dropout have their own) and opt-in autotuning, which tunes
 once per coarse key, picks among the candidates, and stays exact."""
 import jax.numpy as jnp
 import pytest
@@ -16,10 +16,21 @@ def test_narrow_sliding_windows_take_their_rows():
     assert not _launch.narrow_window(True, (configs.NARROW_WINDOW, 0))  # wider than NARROW_WINDOW keys
     for kernel in ("fwd", "dkdv", "dq"):
         rows = configs.TARGETS["cuda"][f"{kernel}+window"]
-        assert _launch.pick_config("cuda", kernel, 128, jnp.bfloat16, narrow_window=True)[0] == {
+        assert _launch.pick_config("cuda", kernel, 128, jnp.bfloat16, kind="window")[0] == {
             k: v for k, v in next(r for r in rows if r["max_block_d"] >= 128).items() if k.startswith("BLOCK_")}
-        assert _launch.pick_config("gfx942", kernel, 128, jnp.bfloat16, narrow_window=True) == \
+        assert _launch.pick_config("gfx942", kernel, 128, jnp.bfloat16, kind="window") == \
             _launch.pick_config("gfx942", kernel, 128, jnp.bfloat16)  # no window rows there
+
+
+def test_dropout_takes_its_rows_and_a_narrow_window_wins():
+    assert _launch.row_kind(False, (-1, -1), 0.1) == "dropout" and _launch.row_kind(True, (-1, -1)) == ""
+    assert _launch.row_kind(True, (256, 0), 0.1) == "window"
+    for kernel in ("dkdv", "dq"):
+        rows = configs.TARGETS["cuda"][f"{kernel}+dropout"]
+        assert _launch.pick_config("cuda", kernel, 128, jnp.bfloat16, kind="dropout")[0] == {
+            k: v for k, v in next(r for r in rows if r["max_block_d"] >= 128).items() if k.startswith("BLOCK_")}
+    assert _launch.pick_config("cuda", "fwd", 128, jnp.bfloat16, kind="dropout") == \
+        _launch.pick_config("cuda", "fwd", 128, jnp.bfloat16)  # no forward dropout rows
 
 
 def test_buckets_are_coarse():
