@@ -11,27 +11,28 @@ from jax_flash_amd import reference
 IMPLS = KERNEL_IMPLS + ["xla"]
 
 
-def _probe(impl, p, rng, b=2, sq=50, h=3, sk=64, causal=False):
+def _probe(impl, p, rng, b=2, sq=50, h=3, sk=64, causal=False, window=(-1, -1)):
     """With q = k = 0 every visible key gets probability 1 / (visible keys); with v = identity (head_dim
     = seq_k) the output row is those probabilities after dropout: out[b, i, h, j] = keep_ij * keep_scale / n,
     keep_scale = 1 / (1 - p rounded to a multiple of 1/256)."""
     q = jnp.zeros((b, sq, h, sk), jnp.float32)
     k = jnp.zeros((b, sk, h, sk), jnp.float32)
     v = jnp.broadcast_to(jnp.eye(sk, dtype=jnp.float32)[None, :, None, :], (b, sk, h, sk))
-    f = lambda q, k, v: jax_flash_amd.attention(q, k, v, causal=causal, dropout_p=p, dropout_rng=rng,  # noqa: E731
-                                                implementation=impl)
+    f = lambda q, k, v: jax_flash_amd.attention(q, k, v, causal=causal, window_size=window,  # noqa: E731
+                                                dropout_p=p, dropout_rng=rng, implementation=impl)
     return f, (q, k, v)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_mask_is_the_reference_mask_and_backward_uses_it(impl, causal):
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (20, 0))],
+                         ids=["full", "causal", "narrow-window"])  # the window takes other blocks (16 keys)
+def test_mask_is_the_reference_mask_and_backward_uses_it(impl, causal, window):
     p, rng = 0.3, jax.random.key(7)
-    f, (q, k, v) = _probe(impl, p, rng, causal=causal)
+    f, (q, k, v) = _probe(impl, p, rng, causal=causal, window=window)
     out, vjp = jax.vjp(f, q, k, v)
     b, sq, h, sk = out.shape
     kept = np.asarray(out > 0).transpose(0, 2, 1, 3)  # (b, h, sq, sk)
-    visible = np.asarray(reference.visible(sq, sk, causal))
+    visible = np.asarray(reference.visible(sq, sk, causal, window))
     expected = np.asarray(reference.dropout_keep(reference.dropout_seeds(rng, b, h), sq, sk, p)) & visible
     np.testing.assert_array_equal(kept, expected)
     n = visible.sum(-1)[None, None, :, None]
