@@ -161,12 +161,13 @@ def keys_last(run: Run, target: str, v):
     """v (batch, seq_k, heads, D) as (batch, heads, D, seq_k rounded up to 16), zero-padded: the layout
     the fp8 forward reads (kernels/fwd.py)."""
     b, sk, h, d = v.shape
+    padded = _cdiv(sk, 16) * 16  # kernels/fwd.py: keys_padded
     blocks, options = pick_config(target, "keys_last", d, v.dtype)
     (vt,) = run(Launch(
         kernel=fwd.keys_last,
-        grid=(_cdiv(_cdiv(sk, 16) * 16, blocks["BLOCK_N"]), b * h),
+        grid=(_cdiv(padded, blocks["BLOCK_N"]), b * h),
         args=(v, sk),
-        out_shapes=(jax.ShapeDtypeStruct((b, h, d, _cdiv(sk, 16) * 16), v.dtype),),
+        out_shapes=(jax.ShapeDtypeStruct((b, h, d, padded), v.dtype),),
         constexprs=dict(KV_H=h, HEAD_DIM=d, BLOCK_D=block_d(d, v.dtype), **blocks),
         compile_options=options,
     ))

@@ -25,6 +25,13 @@ from .scores import LN2, LOG2E, logits2
 
 
 @triton.jit
+def keys_padded(seq_k):
+    """The row length of the fp8 forward's V^T: seq_k rounded up to 16 (16-byte aligned rows, said so to
+    the compiler), jax_flash_amd/_launch.py: keys_last."""
+    return tl.multiple_of((seq_k + 15) // 16 * 16, 16)
+
+
+@triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, start_m, seq_q, seq_k, lo_off, hi_off,
                sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
@@ -62,7 +69,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, start_m, seq_
         if DROP_THRESHOLD > 0:  # after the row sum: dropout acts on normalised probabilities
             p = tl.where(keep(seed, start_m, start_n, DROP_THRESHOLD, BLOCK_M, BLOCK_N), p, 0.0)
         if P8_LOG2 > 0:  # v_base: this head's V^T, rows seq_k rounded up to 16 apart
-            stride_vt = tl.multiple_of((seq_k + 15) // 16 * 16, 16)
+            stride_vt = keys_padded(seq_k)
             # bounded by the padded length (zeros past seq_k, where P is 0): a mask constant over 16 keys
             v = tl.trans(load_tile(v_base, offs_d, offs_n, stride_vt, HEAD_DIM, stride_vt, BLOCK_D != HEAD_DIM, MASKED))
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
@@ -95,7 +102,7 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Descales, sm_scale, 
     k_base = K + kv_start
     v_base = V + kv_start
     if P8_LOG2 > 0:
-        v_base = V + (b * KV_H + h // (H // KV_H)).to(tl.int64) * HEAD_DIM * ((seq_k + 15) // 16 * 16)
+        v_base = V + (b * KV_H + h // (H // KV_H)).to(tl.int64) * HEAD_DIM * keys_padded(seq_k)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
@@ -145,7 +152,7 @@ def keys_last(V, seq_k, Vt, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D:
     transpose and pad)."""
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)
-    seq_pad = tl.multiple_of((seq_k + 15) // 16 * 16, 16)
+    seq_pad = keys_padded(seq_k)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     v = load_tile(V + head_start(bh // KV_H, bh % KV_H, seq_k, KV_H, HEAD_DIM), offs_n, offs_d, KV_H * HEAD_DIM,
