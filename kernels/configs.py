@@ -3,9 +3,9 @@
 TARGETS[target][kernel] is a list of rows ordered by ``max_block_d``; TARGETS[target]["<kernel>+window"],
 where present, replaces it for sliding windows at most NARROW_WINDOW keys wide (short key loops favour
 smaller tiles), "<kernel>+dropout" with dropout, "<kernel>+gqa" with grouped query heads
-(jax_flash_amd/_launch.py: row_kind). A launch takes
-the first row whose ``max_block_d`` >= BLOCK_D * itemsize / 2: float32 inputs take the row of a head twice as wide,
-since their tiles need twice the registers and shared memory. Keys other than ``max_block_d`` are
+(jax_flash_amd/_launch.py: row_kind). A launch takes the first row whose ``max_block_d`` >=
+BLOCK_D * itemsize / 2: float32 inputs take the row of a head twice as wide, since their tiles need
+twice the registers and shared memory. Keys other than ``max_block_d`` are
 the kernel's BLOCK_* constexprs and compiler options (num_warps, num_stages; on HIP also
 waves_per_eu and matrix_instr_nonkdim, which need a jax-triton that forwards them).
 

@@ -1,5 +1,5 @@
-"""Config choice: the default rows (narrow windows and dropout have their own) and opt-in autotuning, which tunes
-once per coarse key, picks among the candidates, and stays exact."""
+"""Config choice: the default rows (narrow windows, dropout and grouped heads have their own) and opt-in
+autotuning, which tunes once per coarse key, picks among the candidates, and stays exact."""
 import jax.numpy as jnp
 import pytest
 
@@ -25,6 +25,10 @@ def test_narrow_sliding_windows_take_their_rows():
 def test_dropout_takes_its_rows_and_a_narrow_window_wins():
     assert _launch.row_kind(False, (-1, -1), 0.1) == "dropout" and _launch.row_kind(True, (-1, -1)) == ""
     assert _launch.row_kind(True, (256, 0), 0.1) == "window"
+    assert _launch.row_kind(True, (-1, -1), 0.0, group=4) == "gqa"
+    assert _launch.row_kind(True, (-1, -1), 0.1, group=4) == "dropout"  # dropout's rows win over gqa's
+    gqa = next(r for r in configs.TARGETS["cuda"]["dkdv+gqa"] if r["max_block_d"] >= 128)
+    assert _launch.pick_config("cuda", "dkdv", 128, jnp.bfloat16, kind="gqa")[1]["num_stages"] == gqa["num_stages"]
     for kernel in ("dkdv", "dq"):
         rows = configs.TARGETS["cuda"][f"{kernel}+dropout"]
         assert _launch.pick_config("cuda", kernel, 128, jnp.bfloat16, kind="dropout")[0] == {
