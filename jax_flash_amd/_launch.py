@@ -122,7 +122,7 @@ class Variant:
     dropout_p: float = 0.0
     q_segment_ids: Any = None
     kv_segment_ids: Any = None
-    descales: Any = None  # fp8 inputs: (batch, heads_kv, 3) float32, the q, k, v dequantisation factors
+    descales: Any = None  # fp8 inputs: the q, k, v dequantisation factors, (batch, heads_kv) float32 each
 
     def operands(self) -> tuple:
         """(Slopes, Seeds, QSeg, KSeg) kernel arguments."""
@@ -132,8 +132,8 @@ class Variant:
                 dummy if self.q_segment_ids is None else self.q_segment_ids,
                 dummy if self.kv_segment_ids is None else self.kv_segment_ids)
 
-    def descale_operand(self):
-        return jnp.zeros((1,), jnp.float32) if self.descales is None else self.descales
+    def descale_operands(self) -> tuple:
+        return (jnp.zeros((1,), jnp.float32),) * 3 if self.descales is None else tuple(self.descales)
 
     def ranges(self, query_side: bool, block: int):
         """segment_ranges of query blocks (query_side) or key blocks; a dummy without segment ids."""
@@ -188,7 +188,7 @@ def forward(run: Run, target: str, q, k, v, variant: Variant = Variant(), *, cau
     out, lse = run(Launch(
         kernel=fwd.attn_fwd,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
-        args=(q, k, v, *variant.operands(), variant.ranges(True, blocks["BLOCK_M"]), variant.descale_operand(),
+        args=(q, k, v, *variant.operands(), variant.ranges(True, blocks["BLOCK_M"]), *variant.descale_operands(),
               np.float32(scale), np.float32(softcap), variant.keep_scale, sq, k.shape[1], lo_off, hi_off),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, jnp.bfloat16 if fp8.is_fp8(q.dtype) else q.dtype),
                     jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
@@ -209,13 +209,14 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, variant: Vari
     operands = variant.operands()
     scalars = (np.float32(scale), np.float32(softcap), variant.keep_scale, sq, sk, lo_off, hi_off)
     kind = row_kind(causal, window, variant.dropout_p, h // k.shape[2])
-    blocks, options = pick_config(target, "preprocess", d, q.dtype, rows)
-    (delta,) = run(Launch(
-        kernel=bwd.attn_bwd_preprocess,
+    # dQ first: it writes delta (b, h, seq_q), which the dK/dV kernel reads
+    blocks, options = pick_config(target, "dq", d, q.dtype, rows, kind)
+    dq, delta = run(Launch(
+        kernel=bwd.attn_bwd_dq,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
-        args=(out, dout, dlse, sq),
-        out_shapes=(jax.ShapeDtypeStruct((b, h, sq), jnp.float32),),
-        constexprs={k_: common[k_] for k_ in ("H", "HEAD_DIM", "BLOCK_D")} | blocks,
+        args=(q, k, v, *operands, variant.ranges(True, blocks["BLOCK_M"]), out, dout, dlse, lse, *scalars),
+        out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
+        constexprs={**common, **blocks},
         compile_options=options,
     ))
     blocks, options = pick_config(target, "dkdv", d, q.dtype, rows, kind)
@@ -224,15 +225,6 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, variant: Vari
         grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2]),  # one program per key/value head
         args=(q, k, v, *operands, variant.ranges(False, blocks["BLOCK_N"]), dout, lse, delta, *scalars),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
-        constexprs={**common, **blocks},
-        compile_options=options,
-    ))
-    blocks, options = pick_config(target, "dq", d, q.dtype, rows, kind)
-    (dq,) = run(Launch(
-        kernel=bwd.attn_bwd_dq,
-        grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
-        args=(q, k, v, *operands, variant.ranges(True, blocks["BLOCK_M"]), dout, lse, delta, *scalars),
-        out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
         constexprs={**common, **blocks},
         compile_options=options,
     ))

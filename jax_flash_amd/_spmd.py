@@ -23,13 +23,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 # Shardy rules: b batch, s query positions, t key positions, h key/value heads, g query heads per
 # key/value head (query heads are (h g): sharding them in contiguous chunks shards h), d head_dim,
-# r the two words of a dropout key, c the three fp8 descales. Operands: q, k, v, then the variant's ALiBi
-# slopes, dropout keys, query and key segment ids, fp8 descales (_vjp.variant_operands).
-_VARIANT = "b (h g), b (h g) r, b s, b t, b h c"
+# r the two words of a dropout key. Operands: q, k, v, then the variant's ALiBi
+# slopes, dropout keys, query and key segment ids, fp8 q, k, v descales (_vjp.variant_operands).
+_VARIANT = "b (h g), b (h g) r, b s, b t, b h, b h, b h"
 FWD_RULE = f"b s (h g) d, b t h d, b t h d, {_VARIANT} -> b s (h g) d, b (h g) s"  # -> out, lse
 BWD_RULE = (f"b s (h g) d, b t h d, b t h d, {_VARIANT}, b s (h g) d, b (h g) s, b s (h g) d, b (h g) s"
             " -> b s (h g) d, b t h d, b t h d")  # ..., out, lse, dout, dlse -> dq, dk, dv
-_WHOLE = ("s", "d", "t", "r", "c")  # factors a device must hold entirely (in order of first use: Shardy wants it)
+_WHOLE = ("s", "d", "t", "r")  # factors a device must hold entirely (in order of first use: Shardy wants it)
 
 
 def wrap(fn, rule: str, group: int = 1, partition: bool = True):

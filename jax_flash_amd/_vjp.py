@@ -37,7 +37,7 @@ def _backend(opts: Options):
     return _interpret.run, _interpret.TARGET
 
 
-def _variant(opts: Options, q, slopes, seeds, q_seg, kv_seg, descales) -> _launch.Variant:
+def _variant(opts: Options, q, slopes, seeds, q_seg, kv_seg, *descales) -> _launch.Variant:
     return _launch.Variant(slopes=slopes if opts.alibi else None, seeds=seeds if opts.dropout_p > 0 else None,
                            dropout_p=opts.dropout_p, q_segment_ids=q_seg if opts.segments else None,
                            kv_segment_ids=kv_seg if opts.segments else None,
@@ -58,10 +58,11 @@ def _forward(opts: Options, q, k, v, *variant):
                            scale=opts.softmax_scale, window=opts.window, softcap=opts.softcap, rows=rows)
 
 
-def _backward(opts: Options, q, k, v, slopes, seeds, q_seg, kv_seg, descales, out, lse, dout, dlse):
+def _backward(opts: Options, q, k, v, slopes, seeds, q_seg, kv_seg, q_descale, k_descale, v_descale, out, lse,
+              dout, dlse):
     run, target = _backend(opts)
     rows = _rows(opts, run, target, q, k, ("dkdv", "dq"))
-    variant = _variant(opts, q, slopes, seeds, q_seg, kv_seg, descales)
+    variant = _variant(opts, q, slopes, seeds, q_seg, kv_seg, q_descale, k_descale, v_descale)
     return _launch.backward(run, target, q, k, v, out, lse, dout, dlse, variant,
                             causal=opts.causal, scale=opts.softmax_scale, window=opts.window, softcap=opts.softcap,
                             rows=rows)
@@ -84,13 +85,13 @@ def variant_operands(q, k, slopes=None, seeds=None, q_segment_ids=None, kv_segme
                      ) -> tuple:
     """flash_attention's `variant` argument: the given arrays, zeros of the right shape for the others
     (one fixed operand list keeps one sharding rule; the Options flags and q's dtype say which are
-    real). descales: (batch, heads_kv, 3) float32, fp8 inputs only."""
+    real). descales: (q, k, v) descales, (batch, heads_kv) float32 each, fp8 inputs only."""
     b, sq, h, _ = q.shape
     return (jnp.zeros((b, h), jnp.float32) if slopes is None else slopes,
             jnp.zeros((b, h, 2), jnp.uint32) if seeds is None else seeds,
             jnp.zeros((b, sq), jnp.int32) if q_segment_ids is None else q_segment_ids,
             jnp.zeros((b, k.shape[1]), jnp.int32) if kv_segment_ids is None else kv_segment_ids,
-            jnp.zeros((b, k.shape[2], 3), jnp.float32) if descales is None else descales)
+            *((jnp.zeros((b, k.shape[2]), jnp.float32),) * 3 if descales is None else descales))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -98,7 +99,7 @@ def flash_attention(q, k, v, variant: tuple, opts: Options):
     """(out, lse) through the Triton kernels; differentiable in q, k, v (also through lse), except for
     float8 inputs (forward only). variant (variant_operands): ALiBi slopes (batch, heads_q) float32,
     dropout keys (batch, heads_q, 2) uint32, segment ids (batch, seq_q) / (batch, seq_k) int32, fp8
-    descales (batch, heads_kv, 3) float32; constants: their cotangent is zero, as in FlashAttention."""
+    descales (batch, heads_kv) float32 (q, k, v); constants: their cotangent is zero, as in FlashAttention."""
     return _kernel_calls(opts, _group(q, k))[0](q, k, v, *variant)
 
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash_amd import _jax_triton_compat, _launch, fp8
-from jax_flash_amd.kernels import bwd, configs, fwd
+from jax_flash_amd.kernels import configs, fwd
 
 AMD_ARCHS = ("gfx90a", "gfx942", "gfx950")
 # Bytes of LDS per workgroup (AMD: per CU) and shared memory per block (sm90, opt-in maximum).
@@ -94,16 +94,15 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
     if kind == "dropout":
         variant = _launch.Variant(seeds=jnp.zeros((1, 16, 2), jnp.uint32), dropout_p=0.1)
     if fp8.is_fp8(dtype):  # inference: the forward only
-        variant = _launch.Variant(descales=jnp.ones((1, 16, 3), jnp.float32))
+        variant = _launch.Variant(descales=(jnp.ones((1, 16), jnp.float32),) * 3)
         _launch.forward(run, target, x, x, x, variant, causal=causal, scale=head_dim ** -0.5)
         return [("fwd", next(launch for launch in recorded if launch.kernel is fwd.attn_fwd))]
     kw = dict(causal=causal, scale=head_dim ** -0.5, window=window)
     out, lse = _launch.forward(run, target, x, kv, kv, variant, **kw)
     _launch.backward(run, target, x, kv, kv, out, lse, out, lse, variant, **kw)
-    names = {"attn_fwd": "fwd", "attn_bwd_preprocess": "preprocess", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq"}
+    names = {"attn_fwd": "fwd", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq"}
     suffix = f"+{kind}" if kind else ""
-    return [(names[launch.kernel.__name__] + suffix, launch) for launch in recorded
-            if not (kind and launch.kernel is bwd.attn_bwd_preprocess)]
+    return [(names[launch.kernel.__name__] + suffix, launch) for launch in recorded]
 
 
 def _kinds(target: str) -> list[tuple[bool, str]]:
@@ -192,8 +191,6 @@ def report(archs, head_dims, dtypes, jobs: int) -> list[Row]:
             for dtype in dtypes:
                 for causal, kind in _kinds(_target(arch)):
                     for kernel, _ in record_launches(_target(arch), head_dim, dtype, causal, kind):
-                        if kernel == "preprocess" and causal:
-                            continue  # does not depend on the mask
                         work.append((arch, head_dim, dtype, causal, kernel))
             for fp8_type in sorted(t.name for t in fp8.SUPPORTED[_target(arch)]):  # the fp8 forward
                 work += [(arch, head_dim, fp8_type, causal, "fwd") for causal in (False, True)]

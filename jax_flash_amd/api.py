@@ -97,8 +97,8 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     elif impl == "xla":
         if descales is not None:  # the reference dequantises and computes in float32
             q, k, v = (fp8.forward_only(x) for x in (q, k, v))
-            q = fp8.dequantize(q, jnp.repeat(descales[..., 0], h // k.shape[2], axis=1))  # per key/value head
-            k, v = fp8.dequantize(k, descales[..., 1]), fp8.dequantize(v, descales[..., 2])
+            q = fp8.dequantize(q, jnp.repeat(descales[0], h // k.shape[2], axis=1))  # per key/value head
+            k, v = fp8.dequantize(k, descales[1]), fp8.dequantize(v, descales[2])
         out, lse = reference.attention(q, k, v, causal=causal, softmax_scale=scale, window_size=window,
                                        softcap=softcap, alibi_slopes=slopes, dropout_p=dropout_p,
                                        dropout_seeds=seeds, q_segment_ids=q_seg, kv_segment_ids=kv_seg)
@@ -230,7 +230,8 @@ def _check_segment_ids(q_segment_ids, kv_segment_ids, q_shape, k_shape):
 
 
 def _check_descales(q, k, given, dropout_p: float):
-    """None for 16/32-bit inputs; for float8 inputs the three descales as one (batch, heads_kv, 3) float32."""
+    """None for 16/32-bit inputs; for float8 inputs the three descales, (batch, heads_kv) float32 each (the
+    kernel reads them apart: stacking them would cost a kernel launch per call)."""
     names = ("q_descale", "k_descale", "v_descale")
     if not fp8.is_fp8(q.dtype):
         passed = [n for n, x in zip(names, given) if x is not None]
@@ -249,7 +250,7 @@ def _check_descales(q, k, given, dropout_p: float):
             raise TypeError(f"{name} must be a floating array; got {type(x).__name__}")
         if tuple(x.shape) != shape:
             raise ValueError(f"{name} must have shape (batch, heads_kv) = {shape}; got {tuple(x.shape)}")
-    return jnp.stack([jnp.asarray(x, jnp.float32) for x in given], axis=-1)
+    return tuple(jnp.asarray(x, jnp.float32) for x in given)
 
 
 def _check_scale(softmax_scale, head_dim: int) -> float:

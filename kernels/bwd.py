@@ -1,4 +1,4 @@
-"""Backward kernels: preprocess (delta), dK/dV (loop over query blocks), dQ (loop over key blocks).
+"""Backward kernels: dQ (loop over key blocks; also writes delta), then dK/dV (loop over query blocks).
 
 No atomics: every output block is written by exactly one program, so gradients are deterministic.
 With p = exp(s - lse):  dV = P^T dO,  dS = P * (dO V^T - delta),  dQ = scale dS K,  dK = scale dS^T Q,
@@ -19,29 +19,10 @@ from .scores import LOG2E, logits2
 
 
 @triton.jit
-def attn_bwd_preprocess(Out, dOut, dLse, seq_q, Delta,
-                        H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    STRIDE: tl.constexpr = H * HEAD_DIM
-    base = head_start(bh // H, bh % H, seq_q, H, HEAD_DIM)
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    o = load_tile(Out + base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    do = load_tile(dOut + base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    row = bh.to(tl.int64) * seq_q + offs_m
-    dlse = tl.load(dLse + row, mask=offs_m < seq_q, other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1) - dlse
-    tl.store(Delta + row, delta, mask=offs_m < seq_q)
-
-
-@triton.jit
-def _load_row_stats(Lse, Delta, row0, offs_m, seq_q):
-    """lse in base 2 (+inf for rows that see no key, so their P is 0) and delta, [BM] fp32."""
+def _lse2(Lse, row0, offs_m, seq_q):
+    """lse in base 2, [BM] fp32: +inf for rows that see no key, so their P is 0."""
     lse = tl.load(Lse + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    delta = tl.load(Delta + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
-    return lse2, delta
+    return tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
 
 
 @triton.jit
@@ -72,7 +53,8 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = load_tile(Q + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BM, BD]
         do = load_tile(dOut + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
-        lse2, delta = _load_row_stats(Lse, Delta, row0, offs_m, seq_q)
+        lse2 = _lse2(Lse, row0, offs_m, seq_q)
+        delta = tl.load(Delta + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
         s_t = tl.dot(k, tl.trans(q), input_precision="ieee")  # [BN, BM] fp32
         if SOFTCAP or ALIBI:
             s_t, dlogit_t = logits2(s_t, offs_m[None, :], offs_n[:, None], seq_k - seq_q, sm_scale, softcap, slope,
@@ -175,11 +157,12 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, start_m,
 
 
 @triton.jit
-def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, dOut, Lse, Delta, sm_scale, softcap, keep_scale,
-                seq_q, seq_k, lo_off, hi_off, dQ, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Out, dOut, dLse, Lse, sm_scale, softcap,
+                keep_scale, seq_q, seq_k, lo_off, hi_off, dQ, Delta, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
                 SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
-    """Arguments as attn_fwd's."""
+    """Arguments as attn_fwd's. Also writes Delta (delta above) for the dK/dV kernel, which runs after:
+    the dQ program holds dO anyway, so this saves a pass over O and dO."""
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // H
@@ -195,7 +178,12 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, dOut, Lse, Delta,
 
     q = load_tile(Q + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
     do = load_tile(dOut + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
-    lse2, delta = _load_row_stats(Lse, Delta, bh.to(tl.int64) * seq_q, offs_m, seq_q)
+    o = load_tile(Out + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    row0 = bh.to(tl.int64) * seq_q
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1) - tl.load(dLse + row0 + offs_m, mask=offs_m < seq_q,
+                                                                       other=0.0)
+    tl.store(Delta + row0 + offs_m, delta, mask=offs_m < seq_q)
+    lse2 = _lse2(Lse, row0, offs_m, seq_q)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, KeyRanges, b, BLOCK_M,

@@ -10,11 +10,10 @@ the kernel's BLOCK_* constexprs and compiler options (num_warps, num_stages; on 
 waves_per_eu and matrix_instr_nonkdim, which need a jax-triton that forwards them).
 
 Kernels: "fwd" (BLOCK_M queries held, BLOCK_N keys streamed), "dkdv" (BLOCK_N keys held, BLOCK_M
-queries streamed), "dq" (BLOCK_M queries held, BLOCK_N keys streamed), "preprocess" (BLOCK_M rows),
+queries streamed), "dq" (BLOCK_M queries held, BLOCK_N keys streamed; also delta),
 "keys_last" (BLOCK_N keys of V transposed for the fp8 forward).
 """
 
-_PRE = [dict(max_block_d=512, BLOCK_M=64, num_warps=4, num_stages=1)]
 _KEYS_LAST = [dict(max_block_d=512, BLOCK_N=64, num_warps=4, num_stages=1)]  # the fp8 forward's V^T
 
 
@@ -49,7 +48,6 @@ def _hip():
             dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=1,
                  matrix_instr_nonkdim=16),
         ],
-        "preprocess": _PRE,
         "keys_last": _KEYS_LAST,
     }
 
@@ -100,7 +98,6 @@ TARGETS = {
         # 32 query / 8 key-value heads, N 4096, D 128: dK/dV 8.50 vs 8.93 ms (2 stages) non-causal, 5.04 vs 5.14
         # causal (MHA: 8.63 / 4.83 either way): each program's loop is GROUP times longer
         "dkdv+gqa": _with(_CUDA["dkdv"], 128, num_stages=3),
-        "preprocess": _PRE,
         "keys_last": _KEYS_LAST,
     },
     "gfx90a": _hip(),  # MI200: 64 KiB LDS
@@ -112,7 +109,6 @@ TARGETS = {
         "fwd": [dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)],
         "dkdv": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)],
         "dq": [dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)],
-        "preprocess": [dict(max_block_d=512, BLOCK_M=32, num_warps=4, num_stages=1)],
         "keys_last": [dict(max_block_d=512, BLOCK_N=16, num_warps=4, num_stages=1)],
         # other blocks for narrow windows, so the tests run the "+window" selection too
         "fwd+window": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)],

@@ -110,7 +110,7 @@ def main():
             calls = export_forward_backward(arch, head_dim, dtype, causal, kv_heads, variants=kv_heads < 4)
             for row in compiled[start:]:
                 kernel = row["kernel"]
-                name = {"attn_fwd": "fwd", "attn_bwd_preprocess": "preprocess", "attn_bwd_dkdv": "dkdv",
+                name = {"attn_fwd": "fwd", "attn_bwd_dkdv": "dkdv",
                         "attn_bwd_dq": "dq"}[kernel]
                 _, options = _launch.pick_config(arch, name, head_dim, dtype)
                 row.update(head_dim=head_dim, dtype=jnp.dtype(dtype).name, causal=causal, kv_heads=kv_heads,

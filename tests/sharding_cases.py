@@ -37,15 +37,15 @@ def _inputs(dtype=jnp.float32, group=1):
     slopes = jnp.linspace(0.01, 0.5, B * H, dtype=jnp.float32).reshape(B, H)
     seeds = reference.dropout_seeds(ks[4], B, H)
     q_ids, kv_ids = jnp.arange(S)[None, :] * 3 // S, jnp.arange(T)[None, :] * 3 // T  # three packed segments
-    descales = jnp.ones((B, H // group, 3), jnp.float32)  # fp8 only: unused by 16/32-bit calls
-    variant = (slopes, seeds, jnp.broadcast_to(q_ids, (B, S)), jnp.broadcast_to(kv_ids, (B, T)), descales)
+    descales = (jnp.ones((B, H // group), jnp.float32),) * 3  # fp8 only: unused by 16/32-bit calls
+    variant = (slopes, seeds, jnp.broadcast_to(q_ids, (B, S)), jnp.broadcast_to(kv_ids, (B, T)), *descales)
     return q, k, v, dout, dlse, variant
 
 
 def _variant_shardings(mesh, spec):
-    """Shardings of (slopes, seeds, q ids, kv ids, descales) that follow q's batch and heads."""
+    """Shardings of (slopes, seeds, q ids, kv ids, q/k/v descales) that follow q's batch and heads."""
     return [NamedSharding(mesh, p) for p in (P(spec[0], spec[2]), P(spec[0], spec[2], None), P(spec[0], None),
-                                             P(spec[0], None), P(spec[0], spec[2], None))]
+                                             P(spec[0], None)) + (P(spec[0], spec[2]),) * 3]
 
 
 PARTITION_CALLS = []
@@ -56,14 +56,14 @@ def _stand_in_kernels(group=1):
     partition rule runs (XLA could shard the pure-JAX bodies by itself: the count shows ours did)."""
     scale = D ** -0.5
 
-    def fwd(q, k, v, slopes, seeds, q_ids, kv_ids, descales):
+    def fwd(q, k, v, slopes, seeds, q_ids, kv_ids, *descales):
         # every variant operand in use: a shard computes the dropout mask from its own rows' keys
         return tuple(reference.attention(q, k, v, causal=True, softmax_scale=scale, alibi_slopes=slopes,
                                          dropout_p=0.2, dropout_seeds=seeds, q_segment_ids=q_ids,
                                          kv_segment_ids=kv_ids))
 
-    def bwd(q, k, v, slopes, seeds, q_ids, kv_ids, descales, out, lse, dout, dlse):
-        variant = (slopes, seeds, q_ids, kv_ids, descales)
+    def bwd(q, k, v, slopes, seeds, q_ids, kv_ids, q_descale, k_descale, v_descale, out, lse, dout, dlse):
+        variant = (slopes, seeds, q_ids, kv_ids, q_descale, k_descale, v_descale)
         return tuple(jax.vjp(lambda q, k, v: fwd(q, k, v, *variant), q, k, v)[1]((dout, dlse)))
 
     partition = _spmd._partition

@@ -25,11 +25,11 @@ def test_default_configs_pass_on_every_amd_arch():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = proc.stdout
     for arch in amd_report.AMD_ARCHS:
-        for kernel in ("fwd", "preprocess", "dkdv", "dq", "fwd+dropout", "dkdv+dropout", "dq+dropout"):
+        for kernel in ("fwd", "dkdv", "dq", "fwd+dropout", "dkdv+dropout", "dq+dropout"):
             for d in (64, 128, 256):
                 assert f"| {arch} | {kernel} | {d} | bfloat16 |" in table and f"| {arch} | {kernel} | {d} | float16 |" in table
     for arch, fp8_type in (("gfx942", "float8_e4m3fnuz"), ("gfx950", "float8_e4m3fn")):  # the fp8 forward
         for d in (64, 128, 256):
             assert f"| {arch} | fwd | {d} | {fp8_type} | no |" in table and f"| {arch} | fwd | {d} | {fp8_type} | yes |" in table
-    # 3 archs x 3 head dims x 2 dtypes x 10 kernels, and 2 fp8 forwards per head dim on gfx942 and gfx950
-    assert "check: 192/192 kernels pass" in proc.stderr
+    # 3 archs x 3 head dims x 2 dtypes x 9 kernels, and 2 fp8 forwards per head dim on gfx942 and gfx950
+    assert "check: 174/174 kernels pass" in proc.stderr

@@ -102,3 +102,18 @@ def test_quantize_fp8_round_trip(dtype):
     assert _rel_rms(back, np.asarray(x, np.float64)) < 0.04  # 3 mantissa bits, per-head scaling
     with pytest.raises(TypeError, match="dtype must be one of"):
         jax_flash_amd.quantize_fp8(x, jnp.bfloat16)
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("seq_k,d", [(37, 72), (64, 33), (5, 128)])
+def test_keys_last_transposes_every_byte(impl, seq_k, d):
+    """The fp8 forward's V^T (four keys packed per word, kernels/fwd.py): exact, zero-padded to 16 keys,
+    for all 256 byte patterns (NaN encodings included), ragged key counts and odd head dims."""
+    from jax_flash_amd import _interpret, _launch, _triton
+    run, target = (_triton.run, _triton.target()) if impl == "triton" else (_interpret.run, "interpret")
+    bits = jax.random.randint(jax.random.key(seq_k), (2, seq_k, 3, d), 0, 256, jnp.int32).astype(jnp.uint8)
+    v = jax.lax.bitcast_convert_type(bits, FN)
+    vt = jax.jit(lambda v: _launch.keys_last(run, target, v))(v)
+    pad = -seq_k % 16
+    want = np.pad(np.asarray(bits).transpose(0, 2, 3, 1), ((0, 0), (0, 0), (0, 0), (0, pad)))
+    np.testing.assert_array_equal(np.asarray(jax.lax.bitcast_convert_type(vt, jnp.uint8)), want)

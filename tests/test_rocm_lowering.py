@@ -17,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The pair that passes AMD options through (see _jax_triton_compat.RECOMMENDED), CPU-installable.
 PINS = ["jax==0.11.2", "jaxlib==0.11.2", "jax-rocm7-plugin==0.11.2", "jax-triton==0.4.1", "triton==3.9.0", "numpy"]
 ARCHS = ("gfx90a", "gfx942", "gfx950")
-KERNELS = {"attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"}
+KERNELS = {"attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"}
 
 
 def _python312():
