@@ -78,7 +78,7 @@ def export_forward_backward(arch: str, head_dim: int, dtype, causal: bool, kv_he
     opts = Options(causal=causal, softmax_scale=head_dim ** -0.5, implementation="triton", **extra)
 
     def fwd_bwd(q, k, v, dout, dlse, slopes, seeds, segment_ids):
-        variant = (slopes, seeds, segment_ids, segment_ids, jnp.ones((2, kv_heads, 3), jnp.float32))
+        variant = (slopes, seeds, segment_ids, segment_ids, *(jnp.ones((2, kv_heads), jnp.float32),) * 3)  # + descales
         (out, lse), vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, variant, opts), q, k, v)
         return out, lse, vjp((dout, dlse))
 
