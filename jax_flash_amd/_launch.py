@@ -60,10 +60,14 @@ def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, kind:
     return blocks, options
 
 
-def row_kind(causal: bool, window: tuple[int, int], dropout_p: float = 0.0, group: int = 1) -> str:
-    """Which config rows a call takes: "window" for a narrow band (narrow_window), else "dropout" with
-    dropout (its random numbers cost registers), else "gqa" with grouped query heads (group > 1: the
-    dK/dV loop runs over the group's heads too), else "" (the plain rows)."""
+def row_kind(causal: bool, window: tuple[int, int], dropout_p: float = 0.0, group: int = 1,
+             fp8_inputs: bool = False) -> str:
+    """Which config rows a call takes: "fp8" for float8 inputs (a forward of another shape: half-size
+    tiles, a longer softmax chain per MMA), else "window" for a narrow band (narrow_window), else
+    "dropout" with dropout (its random numbers cost registers), else "gqa" with grouped query heads
+    (group > 1: the dK/dV loop runs over the group's heads too), else "" (the plain rows)."""
+    if fp8_inputs:
+        return "fp8"
     if narrow_window(causal, window):
         return "window"
     return "dropout" if dropout_p > 0 else "gqa" if group > 1 else ""
@@ -182,7 +186,7 @@ def forward(run: Run, target: str, q, k, v, variant: Variant = Variant(), *, cau
     b, sq, h, _ = q.shape
     banded, lo_off, hi_off = band(causal, window, sq, k.shape[1])
     blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows,
-                                  row_kind(causal, window, variant.dropout_p, h // k.shape[2]))
+                                  row_kind(causal, window, variant.dropout_p, h // k.shape[2], fp8.is_fp8(q.dtype)))
     if fp8.is_fp8(q.dtype):
         v = keys_last(run, target, v)
     out, lse = run(Launch(

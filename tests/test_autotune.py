@@ -22,11 +22,16 @@ def test_narrow_sliding_windows_take_their_rows():
             _launch.pick_config("gfx942", kernel, 128, jnp.bfloat16)  # no window rows there
 
 
-def test_dropout_takes_its_rows_and_a_narrow_window_wins():
+def test_row_kind_precedence():
     assert _launch.row_kind(False, (-1, -1), 0.1) == "dropout" and _launch.row_kind(True, (-1, -1)) == ""
     assert _launch.row_kind(True, (256, 0), 0.1) == "window"
     assert _launch.row_kind(True, (-1, -1), 0.0, group=4) == "gqa"
     assert _launch.row_kind(True, (-1, -1), 0.1, group=4) == "dropout"  # dropout's rows win over gqa's
+    assert _launch.row_kind(True, (256, 0), group=4, fp8_inputs=True) == "fp8"
+    fp8_row = _launch.pick_config("cuda", "fwd", 128, jnp.float8_e4m3fn, kind="fp8")
+    assert fp8_row != _launch.pick_config("cuda", "fwd", 128, jnp.bfloat16)
+    assert _launch.pick_config("gfx950", "fwd", 128, jnp.float8_e4m3fn, kind="fp8") == _launch.pick_config(
+        "gfx950", "fwd", 128, jnp.float8_e4m3fn)  # no fp8 rows there: the plain ones
     gqa = next(r for r in configs.TARGETS["cuda"]["dkdv+gqa"] if r["max_block_d"] >= 128)
     assert _launch.pick_config("cuda", "dkdv", 128, jnp.bfloat16, kind="gqa")[1]["num_stages"] == gqa["num_stages"]
     for kernel in ("dkdv", "dq"):
