@@ -158,9 +158,10 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, start_m,
 
 @triton.jit
 def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Out, dOut, dLse, Lse, sm_scale, softcap,
-                keep_scale, seq_q, seq_k, lo_off, hi_off, dQ, Delta, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-                BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
-                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
+                keep_scale, seq_q, seq_k, lo_off, hi_off, dQ, Delta, H: tl.constexpr, KV_H: tl.constexpr,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
+                DROP_THRESHOLD: tl.constexpr):
     """Arguments as attn_fwd's. Also writes Delta (delta above) for the dK/dV kernel, which runs after:
     the dQ program holds dO anyway, so this saves a pass over O and dO."""
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
@@ -180,8 +181,8 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Out, dOut, dLse, 
     do = load_tile(dOut + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
     o = load_tile(Out + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
     row0 = bh.to(tl.int64) * seq_q
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1) - tl.load(dLse + row0 + offs_m, mask=offs_m < seq_q,
-                                                                       other=0.0)
+    dlse = tl.load(dLse + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1) - dlse
     tl.store(Delta + row0 + offs_m, delta, mask=offs_m < seq_q)
     lse2 = _lse2(Lse, row0, offs_m, seq_q)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)

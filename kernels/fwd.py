@@ -83,9 +83,9 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, start_m, seq_
 @triton.jit
 def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, VDescale, sm_scale, softcap,
              keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse, H: tl.constexpr, KV_H: tl.constexpr,
-             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
-             SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
-             P8_LOG2: tl.constexpr):
+             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
+             DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr):
     """lo_off / hi_off / BANDED: the visible band, QSeg / KSeg (batch, seq) int32 and KeyRanges /
     SEGMENTS: segment ids (masking.py); softcap / SOFTCAP and Slopes (batch, H) fp32 / ALIBI: logit
     modifiers (scores.py); Seeds (batch, H, 2) uint32, keep_scale, DROP_THRESHOLD: dropout (dropout.py);
