@@ -184,17 +184,18 @@ def forward(run: Run, target: str, q, k, v, variant: Variant = Variant(), *, cau
     variant: the optional operands (Variant). rows: {kernel: config row} overriding the defaults
     (autotuning)."""
     b, sq, h, _ = q.shape
+    fp8_inputs = fp8.is_fp8(q.dtype)
     banded, lo_off, hi_off = band(causal, window, sq, k.shape[1])
     blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows,
-                                  row_kind(causal, window, variant.dropout_p, h // k.shape[2], fp8.is_fp8(q.dtype)))
-    if fp8.is_fp8(q.dtype):
+                                  row_kind(causal, window, variant.dropout_p, h // k.shape[2], fp8_inputs))
+    if fp8_inputs:
         v = keys_last(run, target, v)
     out, lse = run(Launch(
         kernel=fwd.attn_fwd,
         grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
         args=(q, k, v, *variant.operands(), variant.ranges(True, blocks["BLOCK_M"]), *variant.descale_operands(),
               np.float32(scale), np.float32(softcap), variant.keep_scale, sq, k.shape[1], lo_off, hi_off),
-        out_shapes=(jax.ShapeDtypeStruct(q.shape, jnp.bfloat16 if fp8.is_fp8(q.dtype) else q.dtype),
+        out_shapes=(jax.ShapeDtypeStruct(q.shape, jnp.bfloat16 if fp8_inputs else q.dtype),
                     jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
         constexprs={**_common(q, k, banded, softcap, variant), **blocks,
                     "P8_LOG2": fp8.P_LOG2.get(jnp.dtype(q.dtype), 0)},

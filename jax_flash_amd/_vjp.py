@@ -29,8 +29,9 @@ class Options:
         return max(reference.band_edges(self.causal, self.window)) >= 0
 
 
-def _backend(opts: Options):
-    if opts.implementation == "triton":
+def backend(implementation: str):
+    """(run, target) of a kernel implementation, "triton" or "interpret"."""
+    if implementation == "triton":
         from jax_flash_amd import _triton
         return _triton.run, _triton.target()
     from jax_flash_amd import _interpret
@@ -52,7 +53,7 @@ def _rows(opts: Options, run, target, q, k, kernels):
 
 
 def _forward(opts: Options, q, k, v, *variant):
-    run, target = _backend(opts)
+    run, target = backend(opts.implementation)
     rows = _rows(opts, run, target, q, k, ("fwd",))
     return _launch.forward(run, target, q, k, v, _variant(opts, q, *variant), causal=opts.causal,
                            scale=opts.softmax_scale, window=opts.window, softcap=opts.softcap, rows=rows)
@@ -60,7 +61,7 @@ def _forward(opts: Options, q, k, v, *variant):
 
 def _backward(opts: Options, q, k, v, slopes, seeds, q_seg, kv_seg, q_descale, k_descale, v_descale, out, lse,
               dout, dlse):
-    run, target = _backend(opts)
+    run, target = backend(opts.implementation)
     rows = _rows(opts, run, target, q, k, ("dkdv", "dq"))
     variant = _variant(opts, q, slopes, seeds, q_seg, kv_seg, q_descale, k_descale, v_descale)
     return _launch.backward(run, target, q, k, v, out, lse, dout, dlse, variant,
