@@ -44,7 +44,7 @@ def config_width(head_dim: int, dtype) -> int:
 
 
 def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, kind: str = "") -> tuple[dict, dict]:
-    """(block constexprs, compiler options): rows[kernel] when given (autotuning), else the heuristic
+    """(constexprs, compiler options): rows[kernel] when given (autotuning), else the heuristic
     default, the first configs.TARGETS row whose max_block_d covers the head, from the
     "<kernel>+<kind>" rows where the target has them (kind: see row_kind)."""
     row = (rows or {}).get(kernel)
@@ -55,8 +55,8 @@ def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, kind:
         row = next((r for r in candidates if r["max_block_d"] >= width), None)
         if row is None:
             raise ValueError(f"no {kernel} config for head_dim={head_dim}, dtype={dtype} on {target}")
-    blocks = {k: v for k, v in row.items() if k.startswith("BLOCK_")}
-    options = {k: v for k, v in row.items() if k != "max_block_d" and not k.startswith("BLOCK_")}
+    blocks = {k: v for k, v in row.items() if k.isupper()}  # constexprs: BLOCK_*, SPLIT
+    options = {k: v for k, v in row.items() if k != "max_block_d" and not k.isupper()}
     return blocks, options
 
 
@@ -225,9 +225,11 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, variant: Vari
         compile_options=options,
     ))
     blocks, options = pick_config(target, "dkdv", d, q.dtype, rows, kind)
+    blocks = {"SPLIT": False, **blocks}
     dk, dv = run(Launch(
         kernel=bwd.attn_bwd_dkdv,
-        grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2]),  # one program per key/value head
+        # one program per key/value head; SPLIT: one for dV, one for dK
+        grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2], 2 if blocks["SPLIT"] else 1),
         args=(q, k, v, *operands, variant.ranges(False, blocks["BLOCK_N"]), dout, lse, delta, *scalars),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         constexprs={**common, **blocks},

@@ -170,7 +170,8 @@ def compile_row(arch: str, head_dim: int, dtype: str, causal: bool, kernel: str)
     kind = kernel.partition("+")[2]
     launch = dict(record_launches(_target(arch), head_dim, dtype, causal, kind))[kernel]
     options = _jax_triton_compat.compiler_options(launch.compile_options)  # what the runtime passes
-    shown = {k: v for k, v in launch.constexprs.items() if k.startswith("BLOCK_") and k != "BLOCK_D"}
+    shown = {k: v for k, v in launch.constexprs.items()
+             if (k.startswith("BLOCK_") and k != "BLOCK_D") or (k == "SPLIT" and v)}
     row = Row(arch, kernel, head_dim, dtype, causal, config=" ".join(f"{k}={v}" for k, v in {**shown, **options}.items()))
     target = GPUTarget("cuda", 90, 32) if arch == "sm90" else GPUTarget("hip", arch, 64)
     try:

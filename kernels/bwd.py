@@ -1,6 +1,8 @@
 """Backward kernels: dQ (loop over key blocks; also writes delta), then dK/dV (loop over query blocks).
 
 No atomics: every output block is written by exactly one program, so gradients are deterministic.
+SPLIT (wide heads): dV and dK come from separate programs (grid axis 2), each holding one fp32
+accumulator instead of two; both compute P (five matrix products per tile instead of four).
 With p = exp(s - lse):  dV = P^T dO,  dS = P * (dO V^T - delta),  dQ = scale dS K,  dK = scale dS^T Q,
 where delta = rowsum(dO * O) - dLse (a cotangent on lse adds P * dLse to dS).
 Layouts as in fwd.py; Lse, dLse, Delta are (batch, H, seq_q) fp32. Grouped-query attention: a dK/dV
@@ -30,10 +32,12 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
                 seq_k, lo_off, hi_off, sm_scale, softcap, QSeg, k_ids, keep_scale, H: tl.constexpr,
                 GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
-                ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
+                ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, DK: tl.constexpr,
+                DV: tl.constexpr):
     """Query blocks of [lo, hi) then [lo2, hi2), of each of the GROUP query heads that read key/value
     head h_kv: one flat loop (an outer loop over the heads costs registers, which spill at D 128), the
-    heads innermost (the GROUP heads' tiles of one query block are read together)."""
+    heads innermost (the GROUP heads' tiles of one query block are read together). DK, DV: which of
+    dk, dv to accumulate (the other is returned as it came)."""
     offs_d = tl.arange(0, BLOCK_D)
     STRIDE: tl.constexpr = H * HEAD_DIM
     n = span_blocks(lo, hi, lo2, hi2, BLOCK_M)
@@ -54,7 +58,6 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
         q = load_tile(Q + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BM, BD]
         do = load_tile(dOut + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
         lse2 = _lse2(Lse, row0, offs_m, seq_q)
-        delta = tl.load(Delta + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
         s_t = tl.dot(k, tl.trans(q), input_precision="ieee")  # [BN, BM] fp32
         if SOFTCAP or ALIBI:
             s_t, dlogit_t = logits2(s_t, offs_m[None, :], offs_n[:, None], seq_k - seq_q, sm_scale, softcap, slope,
@@ -69,26 +72,30 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
             p_t = tl.where(seen_t, p_t, 0.0)
         if DROP_THRESHOLD > 0:
             kept_t = keep(seed, start_m, start_n, DROP_THRESHOLD, BLOCK_M, BLOCK_N, True)  # [BN, BM]
-            dv = tl.dot(tl.where(kept_t, p_t * keep_scale, 0.0).to(do.dtype), do, dv, input_precision="ieee")
-        else:
-            dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")
-        dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")  # [BN, BM]
-        if DROP_THRESHOLD > 0:
-            dp_t = tl.where(kept_t, dp_t * keep_scale, 0.0)
-        ds_t = p_t * (dp_t - delta[None, :])
-        if SOFTCAP:
-            ds_t = ds_t * dlogit_t  # through softcap's tanh
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision="ieee")
+        if DV:
+            if DROP_THRESHOLD > 0:
+                dv = tl.dot(tl.where(kept_t, p_t * keep_scale, 0.0).to(do.dtype), do, dv, input_precision="ieee")
+            else:
+                dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")
+        if DK:
+            delta = tl.load(Delta + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
+            dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")  # [BN, BM]
+            if DROP_THRESHOLD > 0:
+                dp_t = tl.where(kept_t, dp_t * keep_scale, 0.0)
+            ds_t = p_t * (dp_t - delta[None, :])
+            if SOFTCAP:
+                ds_t = ds_t * dlogit_t  # through softcap's tanh
+            dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision="ieee")
     return dk, dv
 
 
 @triton.jit
-def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap, keep_scale,
+def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap, keep_scale,
                   seq_q, seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
                   BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
-                  SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
-    """Arguments as attn_fwd's; QueryRanges (batch, key blocks, 2): the queries that can share a segment
-    id with each key block."""
+                  SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
+                  DK: tl.constexpr, DV: tl.constexpr):
+    """dK (DK) and / or dV (DV) of one key block."""
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)  # batch * KV_H
     b = bh // KV_H
@@ -100,7 +107,9 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, De
     offs_d = tl.arange(0, BLOCK_D)
 
     k = load_tile(K + kv_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BN, BD]
-    v = load_tile(V + kv_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BN, BD]
+    v = k  # read by dK's dP only
+    if DK:
+        v = load_tile(V + kv_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
 
@@ -110,14 +119,38 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, De
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, full_begin, full_end, full_end,
                          full_end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, QSeg, k_ids,
                          keep_scale, H, GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, False, SOFTCAP, ALIBI,
-                         SEGMENTS, DROP_THRESHOLD)
+                         SEGMENTS, DROP_THRESHOLD, DK, DV)
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, begin, full_begin, full_end, end,
                          start_n, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, QSeg, k_ids, keep_scale, H,
                          GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, True, SOFTCAP, ALIBI, SEGMENTS,
-                         DROP_THRESHOLD)
+                         DROP_THRESHOLD, DK, DV)
+    if DK:
+        store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
+    if DV:
+        store_tile(dV + kv_base, dv, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
 
-    store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
-    store_tile(dV + kv_base, dv, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
+
+@triton.jit
+def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap, keep_scale,
+                  seq_q, seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
+                  SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
+                  SPLIT: tl.constexpr):
+    """Arguments as attn_fwd's; QueryRanges (batch, key blocks, 2): the queries that can share a segment
+    id with each key block. One program per (key block, batch * KV_H[, dV or dK where SPLIT])."""
+    if SPLIT:
+        if tl.program_id(2) == 0:
+            _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap,
+                          keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H, KV_H, HEAD_DIM, BLOCK_D, BLOCK_M,
+                          BLOCK_N, BANDED, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD, False, True)
+        else:
+            _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap,
+                          keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H, KV_H, HEAD_DIM, BLOCK_D, BLOCK_M,
+                          BLOCK_N, BANDED, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD, True, False)
+    else:
+        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap, keep_scale,
+                      seq_q, seq_k, lo_off, hi_off, dK, dV, H, KV_H, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED,
+                      SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD, True, True)
 
 
 @triton.jit

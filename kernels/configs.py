@@ -5,9 +5,10 @@ where present, replaces it for sliding windows at most NARROW_WINDOW keys wide (
 smaller tiles), "<kernel>+dropout" with dropout, "<kernel>+gqa" with grouped query heads, "fwd+fp8"
 with float8 inputs (jax_flash_amd/_launch.py: row_kind). A launch takes the first row whose ``max_block_d`` >=
 BLOCK_D * itemsize / 2: float32 inputs take the row of a head twice as wide, since their tiles need
-twice the registers and shared memory. Keys other than ``max_block_d`` are
-the kernel's BLOCK_* constexprs and compiler options (num_warps, num_stages; on HIP also
-waves_per_eu and matrix_instr_nonkdim, which need a jax-triton that forwards them).
+twice the registers and shared memory. Upper-case keys are the kernel's constexprs (BLOCK_*; dK/dV's
+SPLIT, default False: dK and dV from separate programs), lower-case ones other than ``max_block_d``
+compiler options (num_warps, num_stages; on HIP also waves_per_eu and matrix_instr_nonkdim, which need
+a jax-triton that forwards them).
 
 Kernels: "fwd" (BLOCK_M queries held, BLOCK_N keys streamed), "dkdv" (BLOCK_N keys held, BLOCK_M
 queries streamed), "dq" (BLOCK_M queries held, BLOCK_N keys streamed; also delta),
@@ -71,13 +72,19 @@ _CUDA = {
         dict(max_block_d=64, BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3),
         # H200, D 128, N 4096: 4.3 ms backward vs 8.5 ms for 32 x 128 x 4 warps (3 KB of spills)
         dict(max_block_d=128, BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
-        dict(max_block_d=256, BLOCK_M=32, BLOCK_N=64, num_warps=8, num_stages=2),  # 4 warps: 4.5 KB spills
+        # D 256: 128 x 256 fp32 dK and dV do not both fit; with 64 keys, 8 warps compute the (chained) S^T
+        # and dP^T twice and spill. SPLIT, H200, N 4096, backward 8.72 ms vs 10.34 (4.53 vs 5.41 causal)
+        dict(max_block_d=256, BLOCK_M=32, BLOCK_N=128, SPLIT=True, num_warps=8, num_stages=2),
         dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
     ],
     "dq": [
         dict(max_block_d=64, BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=3),
-        dict(max_block_d=128, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),  # no spills at D 128
-        dict(max_block_d=256, BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2),
+        # 2 stages: 96 KB of shared memory, two programs per SM (3 stages: 128 KB, one). H200, N 4096, D 128:
+        # backward 4.20 vs 4.40 ms (2.24 vs 2.44 causal)
+        dict(max_block_d=128, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+        # 128 queries: each warp group its own 64 (64 x 32 x 8 warps computes S and dP twice): backward 6.08 ms vs
+        # 8.77 at D 256, N 4096 on the H200 (3.16 vs 4.53 causal)
+        dict(max_block_d=256, BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
         dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1),
     ],
 }
@@ -110,7 +117,9 @@ TARGETS = {
     # blocks all occur at test sizes.
     "interpret": {
         "fwd": [dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)],
-        "dkdv": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)],
+        # heads up to 64 wide (16-bit) one dK/dV program per key block, wider ones SPLIT: tests run both
+        "dkdv": [dict(max_block_d=64, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+                 dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, SPLIT=True, num_warps=4, num_stages=1)],
         "dq": [dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)],
         "keys_last": [dict(max_block_d=512, BLOCK_N=16, num_warps=4, num_stages=1)],
         # other blocks for narrow windows, so the tests run the "+window" selection too
@@ -166,10 +175,11 @@ CANDIDATES = {
                 + _rows(256, [(128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2)])
                 + _rows(512, [(64, 32, 4, 1), (32, 32, 4, 1), (64, 16, 4, 1)])),
         "dkdv": (_rows(64, _CUDA_DKDV) + _rows(128, _CUDA_DKDV)
-                 + _rows(256, [(32, 64, 8, 2), (16, 64, 4, 2), (32, 32, 4, 2), (16, 32, 4, 1)])
+                 + _rows(256, [(32, 128, 8, 2), (64, 128, 8, 1), (32, 64, 4, 3)], SPLIT=True)
+                 + _rows(256, [(32, 64, 8, 2), (16, 64, 4, 2)])
                  + _rows(512, [(16, 32, 4, 1), (16, 16, 4, 1)])),
         "dq": (_rows(64, _CUDA_DQ) + _rows(128, _CUDA_DQ)
-               + _rows(256, [(64, 32, 8, 2), (32, 32, 4, 2), (64, 16, 4, 2)])
+               + _rows(256, [(128, 32, 8, 2), (128, 32, 8, 1), (64, 32, 8, 2), (128, 16, 8, 2)])
                + _rows(512, [(32, 16, 4, 1), (16, 16, 4, 1)])),
     },
     "gfx90a": _hip_candidates(),

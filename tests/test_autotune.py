@@ -42,6 +42,18 @@ def test_row_kind_precedence():
         _launch.pick_config("cuda", "fwd", 128, jnp.bfloat16)  # no forward dropout rows
 
 
+def test_wide_heads_split_dkdv():
+    """D 256 on cuda (and heads over 64 wide in the interpreter) compute dK and dV in separate programs:
+    a third grid axis of 2 and SPLIT set; narrower heads one program for both."""
+    from jax_flash_amd import amd_report
+    for target, d, split in (("cuda", 256, True), ("cuda", 128, False), ("interpret", 72, True),
+                             ("interpret", 64, False), ("gfx942", 256, False)):
+        launches = dict(amd_report.record_launches(target, d, jnp.bfloat16, False))
+        dkdv = launches["dkdv"]
+        assert dkdv.constexprs["SPLIT"] is split and dkdv.grid[2] == (2 if split else 1), (target, d)
+        assert "SPLIT" not in launches["dq"].constexprs and "SPLIT" not in dkdv.compile_options
+
+
 def test_buckets_are_coarse():
     assert autotune.bucket(1, 1) == autotune.bucket(700, 1024) == 1024
     assert autotune.bucket(1025, 10) == autotune.bucket(4000, 4096) == 4096
