@@ -43,20 +43,28 @@ def config_width(head_dim: int, dtype) -> int:
     return block_d(head_dim, dtype) * max(2, jnp.dtype(dtype).itemsize) // 2
 
 
+_SELECTORS = ("max_block_d", "max_itemsize")  # configs.py: which calls a row serves
+
+
+def fits(row: dict, width: int, dtype) -> bool:
+    """Whether a config row serves a call of this config_width and input dtype."""
+    return row["max_block_d"] >= width and jnp.dtype(dtype).itemsize <= row.get("max_itemsize", 8)
+
+
 def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, kind: str = "") -> tuple[dict, dict]:
     """(constexprs, compiler options): rows[kernel] when given (autotuning), else the heuristic
-    default, the first configs.TARGETS row whose max_block_d covers the head, from the
+    default, the first configs.TARGETS row that fits the head and dtype, from the
     "<kernel>+<kind>" rows where the target has them (kind: see row_kind)."""
     row = (rows or {}).get(kernel)
     if row is None:
         width = config_width(head_dim, dtype)
         table = configs.TARGETS[target]
         candidates = table.get(f"{kernel}+{kind}", table[kernel]) if kind else table[kernel]
-        row = next((r for r in candidates if r["max_block_d"] >= width), None)
+        row = next((r for r in candidates if fits(r, width, dtype)), None)
         if row is None:
             raise ValueError(f"no {kernel} config for head_dim={head_dim}, dtype={dtype} on {target}")
     blocks = {k: v for k, v in row.items() if k.isupper()}  # constexprs: BLOCK_*, SPLIT
-    options = {k: v for k, v in row.items() if k != "max_block_d" and not k.isupper()}
+    options = {k: v for k, v in row.items() if k not in _SELECTORS and not k.isupper()}
     return blocks, options
 
 

@@ -73,11 +73,12 @@ def bucket(seq_q: int, seq_k: int) -> int | None:
 
 
 def candidates(target: str, kernel: str, head_dim: int, dtype) -> list[dict]:
-    """configs.CANDIDATES rows of the narrowest class covering this head (empty: nothing to tune)."""
+    """configs.CANDIDATES rows of the narrowest class covering this head and dtype (empty: nothing to
+    tune)."""
     width = _launch.config_width(head_dim, dtype)
-    rows = configs.CANDIDATES.get(target, {}).get(kernel, [])
-    fits = sorted({r["max_block_d"] for r in rows if r["max_block_d"] >= width})
-    return [r for r in rows if fits and r["max_block_d"] == fits[0]]
+    rows = [r for r in configs.CANDIDATES.get(target, {}).get(kernel, []) if _launch.fits(r, width, dtype)]
+    narrowest = min((r["max_block_d"] for r in rows), default=None)
+    return [r for r in rows if r["max_block_d"] == narrowest]
 
 
 def _key(target, kernel, q, k, causal):

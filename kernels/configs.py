@@ -5,9 +5,10 @@ where present, replaces it for sliding windows at most NARROW_WINDOW keys wide (
 smaller tiles), "<kernel>+dropout" with dropout, "<kernel>+gqa" with grouped query heads, "fwd+fp8"
 with float8 inputs (jax_flash_amd/_launch.py: row_kind). A launch takes the first row whose ``max_block_d`` >=
 BLOCK_D * itemsize / 2: float32 inputs take the row of a head twice as wide, since their tiles need
-twice the registers and shared memory. Upper-case keys are the kernel's constexprs (BLOCK_*; dK/dV's
-SPLIT, default False: dK and dV from separate programs), lower-case ones other than ``max_block_d``
-compiler options (num_warps, num_stages; on HIP also waves_per_eu and matrix_instr_nonkdim, which need
+twice the registers and shared memory. A row with ``max_itemsize`` serves only inputs of at most that
+many bytes per element (float32 calls skip to the next row of the same width). Upper-case keys are the
+kernel's constexprs (BLOCK_*; dK/dV's SPLIT, default False: dK and dV from separate programs), other
+lower-case ones compiler options (num_warps, num_stages; on HIP also waves_per_eu and matrix_instr_nonkdim, which need
 a jax-triton that forwards them).
 
 Kernels: "fwd" (BLOCK_M queries held, BLOCK_N keys streamed), "dkdv" (BLOCK_N keys held, BLOCK_M
@@ -74,7 +75,10 @@ _CUDA = {
         dict(max_block_d=128, BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
         # D 256: 128 x 256 fp32 dK and dV do not both fit; with 64 keys, 8 warps compute the (chained) S^T
         # and dP^T twice and spill. SPLIT, H200, N 4096, backward 8.72 ms vs 10.34 (4.53 vs 5.41 causal)
-        dict(max_block_d=256, BLOCK_M=32, BLOCK_N=128, SPLIT=True, num_warps=8, num_stages=2),
+        dict(max_block_d=256, max_itemsize=2, BLOCK_M=32, BLOCK_N=128, SPLIT=True, num_warps=8, num_stages=2),
+        # float32 at D <= 128 (FMA dots, tiles held in registers): smaller tiles (sm90 ptxas: SPLIT's
+        # 128 keys spill ~70 KB)
+        dict(max_block_d=256, BLOCK_M=32, BLOCK_N=64, num_warps=8, num_stages=2),
         dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
     ],
     "dq": [
@@ -83,8 +87,9 @@ _CUDA = {
         # backward 4.20 vs 4.40 ms (2.24 vs 2.44 causal)
         dict(max_block_d=128, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
         # 128 queries: each warp group its own 64 (64 x 32 x 8 warps computes S and dP twice): backward 6.08 ms vs
-        # 8.77 at D 256, N 4096 on the H200 (3.16 vs 4.53 causal)
-        dict(max_block_d=256, BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
+        # 8.77 at D 256, N 4096 on the H200 (3.16 vs 4.53 causal); float32 keeps 64 (ptxas: 43 KB of spills)
+        dict(max_block_d=256, max_itemsize=2, BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
+        dict(max_block_d=256, BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2),
         dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1),
     ],
 }
@@ -175,11 +180,12 @@ CANDIDATES = {
                 + _rows(256, [(128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2)])
                 + _rows(512, [(64, 32, 4, 1), (32, 32, 4, 1), (64, 16, 4, 1)])),
         "dkdv": (_rows(64, _CUDA_DKDV) + _rows(128, _CUDA_DKDV)
-                 + _rows(256, [(32, 128, 8, 2), (64, 128, 8, 1), (32, 64, 4, 3)], SPLIT=True)
+                 + _rows(256, [(32, 128, 8, 2), (64, 128, 8, 1), (32, 64, 4, 3)], SPLIT=True, max_itemsize=2)
                  + _rows(256, [(32, 64, 8, 2), (16, 64, 4, 2)])
                  + _rows(512, [(16, 32, 4, 1), (16, 16, 4, 1)])),
         "dq": (_rows(64, _CUDA_DQ) + _rows(128, _CUDA_DQ)
-               + _rows(256, [(128, 32, 8, 2), (128, 32, 8, 1), (64, 32, 8, 2), (128, 16, 8, 2)])
+               + _rows(256, [(128, 32, 8, 2), (128, 32, 8, 1), (128, 16, 8, 2)], max_itemsize=2)
+               + _rows(256, [(64, 32, 8, 2), (32, 32, 4, 2)])
                + _rows(512, [(32, 16, 4, 1), (16, 16, 4, 1)])),
     },
     "gfx90a": _hip_candidates(),

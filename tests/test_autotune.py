@@ -43,15 +43,23 @@ def test_row_kind_precedence():
 
 
 def test_wide_heads_split_dkdv():
-    """D 256 on cuda (and heads over 64 wide in the interpreter) compute dK and dV in separate programs:
-    a third grid axis of 2 and SPLIT set; narrower heads one program for both."""
+    """16-bit D 256 on cuda (and heads over 64 wide in the interpreter) compute dK and dV in separate
+    programs: a third grid axis of 2 and SPLIT set. Narrower heads, float32 on cuda (whose rows of that
+    width are for 16-bit inputs only) and the AMD targets: one program for both."""
     from jax_flash_amd import amd_report
-    for target, d, split in (("cuda", 256, True), ("cuda", 128, False), ("interpret", 72, True),
-                             ("interpret", 64, False), ("gfx942", 256, False)):
-        launches = dict(amd_report.record_launches(target, d, jnp.bfloat16, False))
+    for target, d, dtype, split in (("cuda", 256, jnp.bfloat16, True), ("cuda", 256, jnp.float16, True),
+                                    ("cuda", 128, jnp.float32, False), ("cuda", 128, jnp.bfloat16, False),
+                                    ("interpret", 72, jnp.bfloat16, True), ("interpret", 64, jnp.float16, False),
+                                    ("gfx942", 256, jnp.bfloat16, False)):
+        launches = dict(amd_report.record_launches(target, d, dtype, False))
         dkdv = launches["dkdv"]
-        assert dkdv.constexprs["SPLIT"] is split and dkdv.grid[2] == (2 if split else 1), (target, d)
-        assert "SPLIT" not in launches["dq"].constexprs and "SPLIT" not in dkdv.compile_options
+        assert dkdv.constexprs["SPLIT"] is split and dkdv.grid[2] == (2 if split else 1), (target, d, dtype)
+        for launch in launches.values():
+            assert not {"max_block_d", "max_itemsize", "SPLIT"} & set(launch.compile_options)
+    assert _launch.pick_config("cuda", "dq", 256, jnp.bfloat16)[0]["BLOCK_M"] == 128
+    assert _launch.pick_config("cuda", "dq", 128, jnp.float32)[0]["BLOCK_M"] == 64
+    assert all(r.get("max_itemsize", 8) >= 4 for r in autotune.candidates("cuda", "dkdv", 128, jnp.float32))
+    assert any(r.get("SPLIT") for r in autotune.candidates("cuda", "dkdv", 256, jnp.bfloat16))
 
 
 def test_buckets_are_coarse():
