@@ -18,6 +18,11 @@ _FP8 = {np.dtype(jax.numpy.float8_e4m3fn): "float8_e4m3fn", np.dtype(jax.numpy.f
 _LOCK = threading.Lock()
 
 
+def target() -> str:
+    """configs.TARGETS key of this implementation (small blocks, so tests see ragged and masked ones)."""
+    return TARGET
+
+
 def check_available() -> None:
     """Raise a clear error unless the kernels were built for Triton's interpreter."""
     from triton.runtime.interpreter import InterpretedFunction

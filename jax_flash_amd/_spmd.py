@@ -2,7 +2,7 @@
 
 jax-triton's custom call has neither a batching rule nor a partitioning rule: vmapped, it would fail;
 sharded, XLA would gather every operand onto every device. Both kernel calls (forward: q, k, v,
-variant operands -> out, lse; backward: the same, out, lse, dout, dlse -> dq, dk, dv) are therefore
+optional operands -> out, lse; backward: the same, out, lse, dout, dlse -> dq, dk, dv) are therefore
 wrapped here:
 - custom_vmap: mapped axes are folded into the batch axis (unmapped operands are broadcast first), so a
   vmap runs one launch, not a loop;
@@ -23,12 +23,19 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 # Shardy rules: b batch, s query positions, t key positions, h key/value heads, g query heads per
 # key/value head (query heads are (h g): sharding them in contiguous chunks shards h), d head_dim,
-# r the two words of a dropout key. Operands: q, k, v, then the variant's ALiBi
-# slopes, dropout keys, query and key segment ids, fp8 q, k, v descales (_vjp.variant_operands).
-_VARIANT = "b (h g), b (h g) r, b s, b t, b h, b h, b h"
-FWD_RULE = f"b s (h g) d, b t h d, b t h d, {_VARIANT} -> b s (h g) d, b (h g) s"  # -> out, lse
-BWD_RULE = (f"b s (h g) d, b t h d, b t h d, {_VARIANT}, b s (h g) d, b (h g) s, b s (h g) d, b (h g) s"
-            " -> b s (h g) d, b t h d, b t h d")  # ..., out, lse, dout, dlse -> dq, dk, dv
+# r an axis a device holds whole. The optional operands (operands.Operands) bring their own axes.
+
+
+def rules(extra_axes: tuple[str, ...] = ()) -> tuple[str, str]:
+    """(forward, backward) rules for q, k, v, then optional operands of these axes (operands.Operands.axes):
+    forward -> out, lse; backward: ..., out, lse, dout, dlse -> dq, dk, dv."""
+    extra = "".join(f", {a}" for a in extra_axes)
+    fwd = f"b s (h g) d, b t h d, b t h d{extra} -> b s (h g) d, b (h g) s"
+    bwd = (f"b s (h g) d, b t h d, b t h d{extra}, b s (h g) d, b (h g) s, b s (h g) d, b (h g) s"
+           " -> b s (h g) d, b t h d, b t h d")
+    return fwd, bwd
+
+
 _WHOLE = ("s", "d", "t", "r")  # factors a device must hold entirely (in order of first use: Shardy wants it)
 
 
@@ -48,7 +55,7 @@ def wrap(fn, rule: str, group: int = 1, partition: bool = True):
             partition=functools.partial(_partition, fn, factors),
             infer_sharding_from_operands=functools.partial(_infer, factors),
             sharding_rule=rule,
-            need_replication_factors=_WHOLE,
+            need_replication_factors=tuple(f for f in _WHOLE if re.search(rf"\b{f}\b", rule)),
             **sizes,
         )
     else:
@@ -110,3 +117,40 @@ def _partition(fn, factors, mesh, arg_shapes, result_shape):
     args = tuple(_sharding(mesh, f, batch, heads) for f in factors[0])
     results = tuple(_sharding(mesh, f, batch, heads) for f in factors[1])
     return mesh, fn, results, args
+
+
+def varying_axes(x) -> frozenset:
+    """The manual mesh axes x varies over inside shard_map (empty outside)."""
+    aval = jax.typeof(x)
+    if hasattr(aval, "vma"):  # jax < 0.10
+        return frozenset(aval.vma)
+    manual = getattr(aval, "manual_axis_type", None)
+    return frozenset(manual.varying) if manual is not None else frozenset()
+
+
+def match_varying(x, *like):
+    """x marked as varying over every manual axis the arrays `like` vary over. Inside shard_map the
+    kernels' custom calls and callbacks return values typed as invariant; custom_vjp (and the user's
+    out_specs) need the primals' type back."""
+    if jnp.issubdtype(x.dtype, jax.dtypes.float0):  # integer operands' (numpy) zero cotangents
+        return x
+    missing = frozenset().union(*map(varying_axes, like)) - varying_axes(x)
+    if not missing:
+        return x
+    axes = tuple(sorted(missing))
+    return jax.lax.pcast(x, axes, to="varying") if hasattr(jax.lax, "pcast") else jax.lax.pvary(x, axes)
+
+
+def auto_axes(fn, q):
+    """fn(...) -> (out, lse), run with the context mesh's Explicit axes (jax.make_mesh's default) made
+    Auto for its duration: the kernels' partitioning rules, the interpreter's callbacks and the
+    reference's gathers are written for Auto axes. Results come back sharded as q (out) and as q's
+    batch and heads (lse). fn itself when no axis is Explicit."""
+    mesh = jax.sharding.get_abstract_mesh()
+    explicit = tuple(getattr(mesh, "explicit_axes", ()) or ())
+    if not explicit:
+        return fn
+    spec = tuple(getattr(jax.typeof(q).sharding, "spec", ()) or ())
+    spec = spec + (None,) * (4 - len(spec))
+    return jax.sharding.auto_axes(fn, axes=explicit, out_sharding=(PartitionSpec(*spec),
+                                                                   PartitionSpec(spec[0], spec[2], spec[1])))

@@ -30,6 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash_amd import _jax_triton_compat, _launch, fp8
+from jax_flash_amd.operands import Operands
+from jax_flash_amd.rules import Band
 from jax_flash_amd.kernels import configs, fwd
 
 AMD_ARCHS = ("gfx90a", "gfx942", "gfx950")
@@ -88,18 +90,18 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
         return launch.out_shapes
 
     x = jax.ShapeDtypeStruct((1, 1024, 16, head_dim), jnp.dtype(dtype))
-    variant = _launch.Variant()
-    window = (256, 0) if kind == "window" else (-1, -1)
+    extras = Operands()
+    band = Band.of(causal, (256, 0) if kind == "window" else (-1, -1), 1024, 1024)
+    statics = _launch.Statics(head_dim ** -0.5, band, dropout_p=0.1 if kind == "dropout" else 0.0)
     kv = jax.ShapeDtypeStruct((1, 1024, 4, head_dim), jnp.dtype(dtype)) if kind == "gqa" else x
     if kind == "dropout":
-        variant = _launch.Variant(seeds=jnp.zeros((1, 16, 2), jnp.uint32), dropout_p=0.1)
+        extras = Operands(seeds=jnp.zeros((1, 16, 2), jnp.uint32))
     if fp8.is_fp8(dtype):  # inference: the forward only
-        variant = _launch.Variant(descales=(jnp.ones((1, 16), jnp.float32),) * 3)
-        _launch.forward(run, target, x, x, x, variant, causal=causal, scale=head_dim ** -0.5)
+        extras = Operands(**dict.fromkeys(("q_descale", "k_descale", "v_descale"), jnp.ones((1, 16), jnp.float32)))
+        _launch.forward(run, target, x, x, x, extras, statics=_launch.Statics(head_dim ** -0.5, band))
         return [("fwd", next(launch for launch in recorded if launch.kernel is fwd.attn_fwd))]
-    kw = dict(causal=causal, scale=head_dim ** -0.5, window=window)
-    out, lse = _launch.forward(run, target, x, kv, kv, variant, **kw)
-    _launch.backward(run, target, x, kv, kv, out, lse, out, lse, variant, **kw)
+    out, lse = _launch.forward(run, target, x, kv, kv, extras, statics=statics)
+    _launch.backward(run, target, x, kv, kv, out, lse, out, lse, extras, statics=statics)
     names = {"attn_fwd": "fwd", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq"}
     suffix = f"+{kind}" if kind else ""
     return [(names[launch.kernel.__name__] + suffix, launch) for launch in recorded]

@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import math
-import os
 from numbers import Real
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jax_flash_amd import fp8, reference
-from jax_flash_amd._vjp import Options, flash_attention, variant_operands
+from jax_flash_amd import _dispatch, fp8, reference
+from jax_flash_amd.operands import Operands
+from jax_flash_amd.rules import Band
 
-IMPLEMENTATIONS = ("triton", "interpret", "xla")
+IMPLEMENTATIONS = _dispatch.IMPLEMENTATIONS
+_DESCALES = ("q_descale", "k_descale", "v_descale")
+_F32_TINY, _F32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
 _DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32)
 MAX_HEAD_DIM = 256
 
@@ -41,14 +44,15 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
         Treated as constants (zero gradient), as in FlashAttention.
       dropout_p: attention-probability dropout rate in [0, 1), a static number. One random byte per
         probability (as in FlashAttention), so the rate applied is dropout_p rounded to a multiple of
-        1/256 (at least 1/256; reference.dropout_rate); kept probabilities are scaled by 1 / (1 - that
+        1/256 (at least 1/256; rules.dropout_rate); kept probabilities are scaled by 1 / (1 - that
         rate), which keeps the expectation exact. The mask comes from counter-based random numbers (Philox) drawn
         inside the kernels and is never stored; the backward regenerates the same mask. All three
         implementations draw the same mask for the same key.
       dropout_rng: a JAX PRNG key (jax.random.key or jax.random.PRNGKey), required when dropout_p > 0.
         The same key gives the same mask.
-      q_segment_ids, kv_segment_ids: (batch, seq_q) and (batch, seq_k) integer ids (int32 or
-        narrower) for packed sequences: query i sees key j only if their ids are equal. Given one and
+      q_segment_ids, kv_segment_ids: (batch, seq_q) and (batch, seq_k) integer ids for packed
+        sequences (wider types, e.g. int64 under x64, are cast to int32: ids must fit in int32):
+        query i sees key j only if their ids are equal. Given one and
         seq_q == seq_k, the other defaults to it. When kv_segment_ids (for the backward also
         q_segment_ids) are sorted along the sequence, as packing makes them, blocks of keys that
         cannot share an id are skipped.
@@ -84,30 +88,22 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     dropout_p = _check_dropout(dropout_p, dropout_rng)
     q_seg, kv_seg = _check_segment_ids(q_segment_ids, kv_segment_ids, q.shape[:2], k.shape[:2])
     descales = _check_descales(q, k, (q_descale, k_descale, v_descale), dropout_p)
-    impl = _choose_implementation(implementation)
+    impl = _dispatch.choose_implementation(implementation)
     if descales is not None and impl != "xla":
-        from jax_flash_amd import _triton
-        fp8.check_supported(_triton.target() if impl == "triton" else "interpret", q.dtype)
+        fp8.check_supported(_dispatch.backend(impl)[1], q.dtype)
 
     b, sq, h, _ = q.shape
-    seeds = reference.dropout_seeds(dropout_rng, b, h) if dropout_p > 0 else None
     if q.size == 0 or k.shape[1] == 0:  # nothing to attend to (or nothing to compute): no kernel launch
         out = jnp.zeros(q.shape, jnp.bfloat16 if descales is not None else q.dtype)
         lse = jnp.full((b, h, sq), -jnp.inf, jnp.float32)
-    elif impl == "xla":
-        if descales is not None:  # the reference dequantises and computes in float32
-            q, k, v = (fp8.forward_only(x) for x in (q, k, v))
-            q = fp8.dequantize(q, jnp.repeat(descales[0], h // k.shape[2], axis=1))  # per key/value head
-            k, v = fp8.dequantize(k, descales[1]), fp8.dequantize(v, descales[2])
-        out, lse = reference.attention(q, k, v, causal=causal, softmax_scale=scale, window_size=window,
-                                       softcap=softcap, alibi_slopes=slopes, dropout_p=dropout_p,
-                                       dropout_seeds=seeds, q_segment_ids=q_seg, kv_segment_ids=kv_seg)
-        out = out.astype(jnp.bfloat16) if descales is not None else out
-    else:
+        return (out, lse) if return_lse else out
+    if impl != "xla":
         _check_kernel_limits(q, k)
-        opts = Options(causal=causal, softmax_scale=scale, implementation=impl, window=window, softcap=softcap,
-                       alibi=slopes is not None, dropout_p=dropout_p, segments=q_seg is not None)
-        out, lse = flash_attention(q, k, v, variant_operands(q, k, slopes, seeds, q_seg, kv_seg, descales), opts)
+    extras = Operands(slopes=slopes, seeds=reference.dropout_seeds(dropout_rng, b, h) if dropout_p > 0 else None,
+                      q_segment_ids=q_seg, kv_segment_ids=kv_seg, **dict(zip(_DESCALES, descales or (None,) * 3)))
+    opts = _dispatch.Options(implementation=impl, softmax_scale=scale, softcap=softcap, dropout_p=dropout_p,
+                             band=Band.of(causal, window, sq, k.shape[1]))
+    out, lse = _dispatch.attention(q, k, v, extras, opts)
     return (out, lse) if return_lse else out
 
 
@@ -169,6 +165,9 @@ def _check_softcap(softcap) -> float:
         raise TypeError(f"softcap must be a static Python number; got {type(softcap).__name__}")
     if not (math.isfinite(softcap) and softcap >= 0):
         raise ValueError(f"softcap must be a finite number >= 0 (0 turns it off); got {softcap}")
+    if softcap != 0 and not _F32_TINY <= softcap <= _F32_MAX:  # the kernels divide by it in float32
+        raise ValueError(f"softcap must be 0 or a normal float32 number, in [{_F32_TINY:.3g}, {_F32_MAX:.3g}]; "
+                         f"got {softcap}")
     return float(softcap)
 
 
@@ -210,23 +209,25 @@ def _check_segment_ids(q_segment_ids, kv_segment_ids, q_shape, k_shape):
     """(q ids, kv ids) as int32 arrays, or (None, None)."""
     if q_segment_ids is None and kv_segment_ids is None:
         return None, None
-    if q_segment_ids is None or kv_segment_ids is None:
+    given = {}
+    for name, x, shape in (("q_segment_ids", q_segment_ids, q_shape), ("kv_segment_ids", kv_segment_ids, k_shape)):
+        if x is None:
+            continue
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{name} must be an integer array (batch, seq); got {type(x).__name__}")
+        if not jnp.issubdtype(jnp.dtype(x.dtype), jnp.integer):
+            raise TypeError(f"{name} must be an integer array (int32; wider types are cast); got {x.dtype}")
+        if tuple(x.shape) != tuple(shape):
+            raise ValueError(f"{name} must have shape (batch, seq) = {tuple(shape)}; got {tuple(x.shape)}")
+        # int64 ids (the default integer type with x64 enabled) are cast: ids need only be equal or not,
+        # and the kernels read int32
+        given[name] = jnp.asarray(x).astype(jnp.int32)
+    if len(given) == 1:
         if q_shape[1] != k_shape[1]:
             missing = "q_segment_ids" if q_segment_ids is None else "kv_segment_ids"
             raise ValueError(f"{missing} is needed too when seq_q ({q_shape[1]}) != seq_k ({k_shape[1]})")
-        q_segment_ids = kv_segment_ids if q_segment_ids is None else q_segment_ids
-        kv_segment_ids = q_segment_ids if kv_segment_ids is None else kv_segment_ids
-    ids = []
-    for name, x, shape in (("q_segment_ids", q_segment_ids, q_shape), ("kv_segment_ids", kv_segment_ids, k_shape)):
-        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise TypeError(f"{name} must be an integer array (batch, seq); got {type(x).__name__}")
-        dtype = jnp.dtype(x.dtype)
-        if not jnp.issubdtype(dtype, jnp.integer) or dtype.itemsize > 4 or dtype == jnp.uint32:
-            raise TypeError(f"{name} must be int32 (or a narrower integer type); got {dtype}")
-        if tuple(x.shape) != tuple(shape):
-            raise ValueError(f"{name} must have shape (batch, seq) = {tuple(shape)}; got {tuple(x.shape)}")
-        ids.append(jnp.asarray(x, jnp.int32))
-    return tuple(ids)
+        return (next(iter(given.values())),) * 2
+    return given["q_segment_ids"], given["kv_segment_ids"]
 
 
 def _check_descales(q, k, given, dropout_p: float):
@@ -262,26 +263,10 @@ def _check_scale(softmax_scale, head_dim: int) -> float:
     scale = float(softmax_scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"softmax_scale must be a finite number > 0; got {softmax_scale}")
+    if not _F32_TINY <= scale <= _F32_MAX / 2:  # the kernels take scale * log2(e) in float32
+        raise ValueError(f"softmax_scale must be a normal float32 number within [{_F32_TINY:.3g}, "
+                         f"{_F32_MAX / 2:.3g}] (the kernels scale logits in float32); got {softmax_scale}")
     return scale
-
-
-def _choose_implementation(implementation: str | None) -> str:
-    from jax_flash_amd import _interpret, _triton
-
-    if implementation is None:
-        if _triton.on_gpu():
-            implementation = "triton"
-        elif os.environ.get("TRITON_INTERPRET") == "1":
-            implementation = "interpret"
-        else:
-            implementation = "xla"
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or None; got {implementation!r}")
-    if implementation == "triton":
-        _triton.check_available()
-    elif implementation == "interpret":
-        _interpret.check_available()
-    return implementation
 
 
 def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,

@@ -7,10 +7,11 @@ head width). With autotuning on, the first call for a key times each candidate o
     jax_flash_amd.autotune.enable()          # or: with jax_flash_amd.autotune.enabled(): ...
     out = jax_flash_amd.attention(q, k, v, causal=True)   # tunes while this call is traced
 
-The key is (target, kernel, head width, dtype, causal, length bucket): sequence lengths fall into a few
-coarse buckets (``BUCKETS``), so a new length in a known bucket reuses the choice instead of re-tuning
-(and recompiling) per length. Tuning runs the candidates eagerly while the caller is being traced, so
-the first trace of a new key takes seconds to minutes (one Triton compile per candidate). ``table()``
+The key is (target, kernel, head width, dtype, config row kind, band, length bucket): candidates are
+timed on the call's own band (causal, sliding window) and row kind (plain, window, gqa), and sequence
+lengths fall into a few coarse buckets (``BUCKETS``), so a new length in a known bucket reuses the
+choice instead of re-tuning (and recompiling) per length. Tuning runs the candidates eagerly while the
+caller is being traced, so the first trace of a new key takes seconds to minutes (one Triton compile per candidate). ``table()``
 lists the choices, ``forget()`` drops them, and the logger ``jax_flash_amd.autotune`` at INFO level
 prints every candidate's time (a config sweep: that is how kernels/configs.py's defaults are chosen).
 The forward is tuned on the first forward, dK/dV and dQ on the first backward.
@@ -25,7 +26,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jax_flash_amd import _launch
+from jax_flash_amd import _config_choice, _launch
 from jax_flash_amd.timing import median_seconds
 from jax_flash_amd.kernels import configs
 
@@ -58,7 +59,7 @@ def enabled(on: bool = True):
 
 
 def table() -> dict[tuple, dict]:
-    """{(target, kernel, width, dtype, causal, bucket): chosen config row} for every key tuned so far."""
+    """{(target, kernel, width, dtype, row kind, band, bucket): chosen config row} for every key tuned so far."""
     return dict(_table)
 
 
@@ -75,32 +76,34 @@ def bucket(seq_q: int, seq_k: int) -> int | None:
 def candidates(target: str, kernel: str, head_dim: int, dtype) -> list[dict]:
     """configs.CANDIDATES rows of the narrowest class covering this head and dtype (empty: nothing to
     tune)."""
-    width = _launch.config_width(head_dim, dtype)
-    rows = [r for r in configs.CANDIDATES.get(target, {}).get(kernel, []) if _launch.fits(r, width, dtype)]
+    width = _config_choice.config_width(head_dim, dtype)
+    rows = [r for r in configs.CANDIDATES.get(target, {}).get(kernel, []) if _config_choice.fits(r, width, dtype)]
     narrowest = min((r["max_block_d"] for r in rows), default=None)
     return [r for r in rows if r["max_block_d"] == narrowest]
 
 
-def _key(target, kernel, q, k, causal):
-    return (target, kernel, _launch.config_width(q.shape[3], q.dtype), jnp.dtype(q.dtype).name, bool(causal),
-            bucket(q.shape[1], k.shape[1]))
+def _key(target, kernel, q, k, statics: _launch.Statics):
+    kind = _config_choice.row_kind(statics.band, statics.dropout_p, q.shape[2] // k.shape[2])
+    return (target, kernel, _config_choice.config_width(q.shape[3], q.dtype), jnp.dtype(q.dtype).name, kind,
+            (statics.band.left, statics.band.right), bucket(q.shape[1], k.shape[1]))
 
 
-def rows_for(run, target: str, q, k, causal: bool, scale: float, kernels: tuple[str, ...]) -> dict | None:
+def rows_for(run, target: str, q, k, statics: _launch.Statics, kernels: tuple[str, ...]) -> dict | None:
     """{kernel: row} for these kernels, tuning missing keys first; None when autotuning is off."""
     if not _enabled:
         return None
     rows = {}
     for kernel in kernels:
-        key = _key(target, kernel, q, k, causal)
+        key = _key(target, kernel, q, k, statics)
         if key not in _table:
-            _table[key] = _tune(run, target, kernel, q, k, causal, scale, rows)
+            _table[key] = _tune(run, target, kernel, q, k, statics, rows)
         rows[kernel] = _table[key]
     return rows
 
 
-def _tune(run, target, kernel, q, k, causal, scale, chosen) -> dict:
-    """Time each candidate of one kernel (the others at their chosen or default rows); return the fastest."""
+def _tune(run, target, kernel, q, k, statics: _launch.Statics, chosen) -> dict:
+    """Time each candidate of one kernel (the others at their chosen or default rows) on the call's band
+    and scores, without its optional operands; return the fastest."""
     rows = candidates(target, kernel, q.shape[3], q.dtype)
     if not rows:
         return None
@@ -109,7 +112,7 @@ def _tune(run, target, kernel, q, k, causal, scale, chosen) -> dict:
         keys = jax.random.split(jax.random.key(0), 4)
         qr, do = (jax.random.normal(kk, q.shape, q.dtype) for kk in keys[:2])
         kr, vr = (jax.random.normal(kk, k.shape, k.dtype) for kk in keys[2:])
-        fwd = functools.partial(_launch.forward, run, target, causal=causal, scale=scale)
+        fwd = functools.partial(_launch.forward, run, target, statics=statics)
         if kernel != "fwd":
             out, lse = jax.jit(fwd)(qr, kr, vr)
         best, best_time = None, float("inf")
@@ -119,7 +122,7 @@ def _tune(run, target, kernel, q, k, causal, scale, chosen) -> dict:
                 if kernel == "fwd":
                     t = median_seconds(jax.jit(functools.partial(fwd, rows=trial)), qr, kr, vr)
                 else:
-                    bwd = functools.partial(_launch.backward, run, target, causal=causal, scale=scale, rows=trial)
+                    bwd = functools.partial(_launch.backward, run, target, statics=statics, rows=trial)
                     t = median_seconds(jax.jit(bwd), qr, kr, vr, out, lse, do, jnp.zeros_like(lse))
             except Exception as e:  # a candidate that does not fit this GPU (e.g. shared memory) is skipped
                 log.info("autotune: %s %s failed: %s", kernel, row, str(e).splitlines()[0][:200])
@@ -130,7 +133,7 @@ def _tune(run, target, kernel, q, k, causal, scale, chosen) -> dict:
     if best is None:
         raise RuntimeError(f"autotune: no candidate config of {kernel} ran for head_dim={q.shape[3]}, "
                            f"dtype={q.dtype} on {target}")
-    log.info("autotune: %s head_dim=%d %s causal=%s bucket=%s -> %s (%.3f ms; %d candidates in %.1f s)",
-             kernel, q.shape[3], q.dtype, causal, bucket(q.shape[1], k.shape[1]), best, best_time * 1e3,
+    log.info("autotune: %s head_dim=%d %s band=%s bucket=%s -> %s (%.3f ms; %d candidates in %.1f s)",
+             kernel, q.shape[3], q.dtype, statics.band, bucket(q.shape[1], k.shape[1]), best, best_time * 1e3,
              len(rows), time.perf_counter() - t_start)
     return best

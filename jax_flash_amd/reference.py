@@ -10,51 +10,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jax_flash_amd.rules import Band, dropout_keep_scale, dropout_threshold
+
 _HIGHEST = jax.lax.Precision.HIGHEST  # float32 inputs: true fp32 dots, not TF32
-
-
-def band_edges(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
-    """(left, right) of the visible band, -1 unbounded: causal caps right at 0 (FlashAttention's rule)."""
-    left, right = window
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    return left, right
-
-
-def visible(seq_q: int, seq_k: int, causal: bool, window: tuple[int, int] = (-1, -1)) -> jax.Array:
-    """(seq_q, seq_k) bool: query i sees key j. Bottom-right aligned like FlashAttention: with
-    diag = seq_k - seq_q, i + diag - left <= j <= i + diag + right (-1: unbounded); causal: right <= 0."""
-    left, right = band_edges(causal, window)
-    i = jnp.arange(seq_q)[:, None] + (seq_k - seq_q)
-    j = jnp.arange(seq_k)[None, :]
-    ok = jnp.ones((seq_q, seq_k), bool)
-    if left >= 0:
-        ok &= j >= i - left
-    if right >= 0:
-        ok &= j <= i + right
-    return ok
 
 
 def dropout_seeds(rng, batch: int, heads: int) -> jax.Array:
     """(batch, heads, 2) uint32 Philox keys, one per (batch, query head), drawn from a JAX PRNG key.
     Computed outside the kernels, so a shard or a vmapped slice sees the keys of its own rows."""
     return jax.random.bits(rng, (batch, heads, 2), jnp.uint32)
-
-
-def dropout_threshold(p: float) -> int:
-    """A probability is kept iff its random byte is >= this (kernels/dropout.py): p * 256 rounded, in
-    1 .. 255 for 0 < p < 1, so the rate applied is a multiple of 1/256 (FlashAttention's 8-bit draws)."""
-    return min(255, max(1, round(p * 256)))
-
-
-def dropout_rate(p: float) -> float:
-    """The rate the kernels apply for a requested dropout_p > 0: dropout_threshold(p) / 256."""
-    return dropout_threshold(p) / 256
-
-
-def dropout_keep_scale(p: float) -> float:
-    """What kept probabilities are multiplied by: 1 / (1 - the applied rate), so the expectation is exact."""
-    return 1.0 / (1.0 - dropout_rate(p))
 
 
 def _umulhi(a, b):
@@ -102,7 +66,8 @@ def segment_mask(q_segment_ids, kv_segment_ids) -> jax.Array:
 
 def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
               window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
-              dropout_p: float = 0.0, dropout_seeds=None, q_segment_ids=None, kv_segment_ids=None):
+              dropout_p: float = 0.0, dropout_seeds=None, q_segment_ids=None, kv_segment_ids=None,
+              band: Band | None = None):
     """(out, lse) for q (B, Sq, H, D), k/v (B, Sk, H_kv, D) with H a multiple of H_kv (grouped-query
     attention: query head h uses key/value head h // (H // H_kv)); lse (B, H, Sq) float32, natural log.
 
@@ -110,8 +75,9 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     softcap * tanh(logits / softcap); alibi_slopes (B, H) float32: logits -= slope * |i + Sk - Sq - j|;
     q_segment_ids (B, Sq) / kv_segment_ids (B, Sk) int32: only equal ids attend; dropout_p > 0 with
     dropout_seeds (B, H, 2) uint32 (see dropout_seeds): the kernels' dropout mask, kept values scaled
-    by 1 / (1 - rate), rate = dropout_rate(p) (p rounded to a multiple of 1/256); lse is that of the
-    probabilities before dropout.
+    by 1 / (1 - rate), rate = rules.dropout_rate(p) (p rounded to a multiple of 1/256); lse is that of
+    the probabilities before dropout. band: the call's rules.Band, when the caller has it (else made
+    from causal and window_size).
     """
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     group = q.shape[2] // k.shape[2]
@@ -124,7 +90,9 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
         sq, sk = q.shape[1], k.shape[1]
         dist = jnp.abs(jnp.arange(sq)[:, None] + (sk - sq) - jnp.arange(sk)[None, :]).astype(jnp.float32)
         s = s - jax.lax.stop_gradient(alibi_slopes)[:, :, None, None] * dist
-    seen = visible(q.shape[1], k.shape[1], causal, window_size)
+    if band is None:
+        band = Band.of(causal, window_size, q.shape[1], k.shape[1])
+    seen = band.visible(q.shape[1], k.shape[1])
     if q_segment_ids is not None:
         seen = seen & segment_mask(q_segment_ids, kv_segment_ids)
     s = jnp.where(seen, s, -jnp.inf)

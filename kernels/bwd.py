@@ -15,9 +15,8 @@ import triton
 import triton.language as tl
 
 from .dropout import keep, load_seed
-from .masking import (head_start, key_blocks, load_ids, load_tile, query_blocks, span_block, span_blocks,
-                      store_tile, visible)
-from .scores import LOG2E, logits2
+from .masking import head_start, key_blocks, load_ids, load_tile, query_blocks, span_block, span_blocks, store_tile
+from .scores import LOG2E, scores
 
 
 @triton.jit
@@ -58,18 +57,12 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
         q = load_tile(Q + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BM, BD]
         do = load_tile(dOut + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
         lse2 = _lse2(Lse, row0, offs_m, seq_q)
-        s_t = tl.dot(k, tl.trans(q), input_precision="ieee")  # [BN, BM] fp32
-        if SOFTCAP or ALIBI:
-            s_t, dlogit_t = logits2(s_t, offs_m[None, :], offs_n[:, None], seq_k - seq_q, sm_scale, softcap, slope,
-                                    SOFTCAP, ALIBI)
-            p_t = tl.math.exp2(s_t - lse2[None, :])
-        else:
-            p_t = tl.math.exp2(s_t * (sm_scale * LOG2E) - lse2[None, :])
-        if MASKED:
-            q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
-            seen_t = visible(offs_m[None, :], offs_n[:, None], seq_q, seq_k, lo_off, hi_off, q_ids[None, :],
-                             k_ids[:, None], BANDED, SEGMENTS)
-            p_t = tl.where(seen_t, p_t, 0.0)
+        q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS and MASKED)
+        s_t, scale2, dlogit_t = scores(tl.dot(k, tl.trans(q), input_precision="ieee"), offs_m[None, :],
+                                       offs_n[:, None], q_ids[None, :], k_ids[:, None], seq_q, seq_k, lo_off, hi_off,
+                                       sm_scale, softcap, slope, MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS,
+                                       SOFTCAP=SOFTCAP, ALIBI=ALIBI)  # [BN, BM]
+        p_t = tl.math.exp2(s_t * scale2 - lse2[None, :])
         if DROP_THRESHOLD > 0:
             kept_t = keep(seed, start_m, start_n, DROP_THRESHOLD, BLOCK_M, BLOCK_N, True)  # [BN, BM]
         if DV:
@@ -116,14 +109,17 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, De
     begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, QueryRanges, b, BLOCK_M,
                                                     BLOCK_N, BANDED, SEGMENTS)
     k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS)
+    # query blocks that see every key of this block, unmasked; then those at the band's edges, masked
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, full_begin, full_end, full_end,
                          full_end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, QSeg, k_ids,
-                         keep_scale, H, GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, False, SOFTCAP, ALIBI,
-                         SEGMENTS, DROP_THRESHOLD, DK, DV)
+                         keep_scale, MASKED=False, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                         SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, DK=DK, DV=DV)
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, begin, full_begin, full_end, end,
-                         start_n, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, QSeg, k_ids, keep_scale, H,
-                         GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, True, SOFTCAP, ALIBI, SEGMENTS,
-                         DROP_THRESHOLD, DK, DV)
+                         start_n, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, QSeg, k_ids,
+                         keep_scale, MASKED=True, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                         SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, DK=DK, DV=DV)
     if DK:
         store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
     if DV:
@@ -138,19 +134,23 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, De
                   SPLIT: tl.constexpr):
     """Arguments as attn_fwd's; QueryRanges (batch, key blocks, 2): the queries that can share a segment
     id with each key block. One program per (key block, batch * KV_H[, dV or dK where SPLIT])."""
-    if SPLIT:
-        if tl.program_id(2) == 0:
-            _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap,
-                          keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H, KV_H, HEAD_DIM, BLOCK_D, BLOCK_M,
-                          BLOCK_N, BANDED, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD, False, True)
-        else:
-            _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap,
-                          keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H, KV_H, HEAD_DIM, BLOCK_D, BLOCK_M,
-                          BLOCK_N, BANDED, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD, True, False)
+    # DK / DV must be compile-time constants (each program holds only the accumulators it needs), hence
+    # one call per case
+    if not SPLIT:
+        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap, keep_scale,
+                      seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=True, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM,
+                      BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                      SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD)
+    elif tl.program_id(2) == 0:
+        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap, keep_scale,
+                      seq_q, seq_k, lo_off, hi_off, dK, dV, DK=False, DV=True, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM,
+                      BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                      SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD)
     else:
         _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap, keep_scale,
-                      seq_q, seq_k, lo_off, hi_off, dK, dV, H, KV_H, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED,
-                      SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD, True, True)
+                      seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=False, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM,
+                      BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                      SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD)
 
 
 @triton.jit
@@ -167,18 +167,12 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, start_m,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
         v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BM, BN] fp32
-        if SOFTCAP or ALIBI:
-            s, dlogit = logits2(s, offs_m[:, None], offs_n[None, :], seq_k - seq_q, sm_scale, softcap, slope,
-                                SOFTCAP, ALIBI)
-            p = tl.math.exp2(s - lse2[:, None])
-        else:
-            p = tl.math.exp2(s * (sm_scale * LOG2E) - lse2[:, None])
-        if MASKED:
-            k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS)
-            seen = visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, lo_off, hi_off, q_ids[:, None],
-                           k_ids[None, :], BANDED, SEGMENTS)
-            p = tl.where(seen, p, 0.0)
+        k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS and MASKED)
+        s, scale2, dlogit = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), offs_m[:, None], offs_n[None, :],
+                                   q_ids[:, None], k_ids[None, :], seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
+                                   slope, MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP,
+                                   ALIBI=ALIBI)  # [BM, BN]
+        p = tl.math.exp2(s * scale2 - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # [BM, BN]
         if DROP_THRESHOLD > 0:
             dp = tl.where(keep(seed, start_m, start_n, DROP_THRESHOLD, BLOCK_M, BLOCK_N), dp * keep_scale, 0.0)
@@ -225,10 +219,15 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Out, dOut, dLse, 
     q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
     seed = load_seed(Seeds, bh, DROP_THRESHOLD)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
+    # key blocks every row sees, unmasked; then those at the band's edges, masked
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, full_start, full_end, full_end, full_end,
                    start_m, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
-                   STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, False, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
+                   MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                   BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                   DROP_THRESHOLD=DROP_THRESHOLD)
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, start, full_start, full_end, end,
                    start_m, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
-                   STRIDE_KV, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, True, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD)
+                   MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                   BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                   DROP_THRESHOLD=DROP_THRESHOLD)
     store_tile(dQ + q_base, dq * sm_scale, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, BLOCK_D != HEAD_DIM)

@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 
 from .dropout import keep, load_seed
-from .masking import head_start, key_blocks, load_ids, load_tile, span_block, span_blocks, store_tile, visible
-from .scores import LN2, LOG2E, logits2
+from .masking import head_start, key_blocks, load_ids, load_tile, span_block, span_blocks, store_tile
+from .scores import LN2, scores
 
 
 @triton.jit
@@ -44,26 +44,15 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, start_m, seq_
         start_n = span_block(i, lo, hi, lo2, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BM, BN] fp32
-        if SOFTCAP or ALIBI:
-            s, _ = logits2(s, offs_m[:, None], offs_n[None, :], seq_k - seq_q, sm_scale, softcap, slope,
-                           SOFTCAP, ALIBI)
-            qk_scale = 1.0  # s is in base-2 logit units already
-        else:
-            qk_scale = sm_scale * LOG2E
-        if MASKED:
-            k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS)
-            seen = visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, lo_off, hi_off, q_ids[:, None],
-                           k_ids[None, :], BANDED, SEGMENTS)
-            s = tl.where(seen, s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
+        k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS and MASKED)
+        s, scale2, _ = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), offs_m[:, None], offs_n[None, :],
+                              q_ids[:, None], k_ids[None, :], seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
+                              MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP, ALIBI=ALIBI)  # [BM, BN]
+        m_new = tl.maximum(m_i, tl.max(s, 1) * scale2)
+        m_use = m_new
+        if MASKED:  # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(s - (m_use - P8_LOG2)[:, None])
-        else:
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-            m_use = m_new
-            p = tl.math.exp2(s * qk_scale - (m_use - P8_LOG2)[:, None])
+        p = tl.math.exp2(s * scale2 - (m_use - P8_LOG2)[:, None])
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROP_THRESHOLD > 0:  # after the row sum: dropout acts on normalised probabilities
@@ -124,12 +113,17 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
         sm_scale = sm_scale * tl.load(QDescale + bh_kv) * tl.load(KDescale + bh_kv)
         v_descale = tl.load(VDescale + bh_kv)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
+    # key blocks every row sees, unmasked; then those at the band's edges, masked (one loop, both spans)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, full_start, full_end, full_end, full_end, start_m,
-                               seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV,
-                               HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, False, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD, P8_LOG2)
+                               seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
+                               MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
+                               BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
+                               ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, full_start, full_end, end, start_m,
-                               seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV,
-                               HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BANDED, True, SOFTCAP, ALIBI, SEGMENTS, DROP_THRESHOLD, P8_LOG2)
+                               seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
+                               MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
+                               BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
+                               ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2)
 
     # rows that saw no key: output 0, lse -inf
     empty = l_i == 0.0

@@ -4,6 +4,8 @@ kernels: scaling, softcap (s = softcap * tanh(scale * q.k / softcap)) and ALiBi 
 import triton
 import triton.language as tl
 
+from .masking import visible
+
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -27,3 +29,25 @@ def logits2(qk, q_idx, k_idx, diag, sm_scale, softcap, slope, SOFTCAP: tl.conste
     if ALIBI:
         x = x - slope * tl.abs(q_idx + diag - k_idx).to(tl.float32)
     return x * LOG2E, grad
+
+
+@triton.jit
+def scores(qk, q_idx, k_idx, q_ids, k_ids, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
+           MASKED: tl.constexpr, BANDED: tl.constexpr, SEGMENTS: tl.constexpr, SOFTCAP: tl.constexpr,
+           ALIBI: tl.constexpr):
+    """The scores step every kernel takes on a fp32 tile qk = q.k (transposed or not: q_idx / k_idx and
+    the segment ids q_ids / k_ids broadcast to its shape): (s, scale2, dlogit) with s * scale2 the logits
+    in base 2, -inf where the pair is invisible (MASKED: band, bounds, segments), and dlogit the
+    factor the backward applies to dS (logits2). Without softcap or ALiBi, s is qk itself and scale2 the
+    scale: the callers' s * scale2 - m then compiles to one FMA per element."""
+    if SOFTCAP or ALIBI:
+        s, dlogit = logits2(qk, q_idx, k_idx, seq_k - seq_q, sm_scale, softcap, slope, SOFTCAP, ALIBI)
+        scale2 = 1.0
+    else:
+        s = qk
+        dlogit = 1.0
+        scale2 = sm_scale * LOG2E
+    if MASKED:
+        s = tl.where(visible(q_idx, k_idx, seq_q, seq_k, lo_off, hi_off, q_ids, k_ids, BANDED, SEGMENTS), s,
+                     float("-inf"))
+    return s, scale2, dlogit

@@ -17,8 +17,10 @@ import jax.numpy as jnp
 import triton.backends.amd.compiler as hip
 from jax_triton import triton_lib
 
-from jax_flash_amd import _launch, _triton
-from jax_flash_amd._vjp import Options, flash_attention
+from jax_flash_amd import _config_choice, _triton
+from jax_flash_amd._dispatch import Options, flash_attention
+from jax_flash_amd.operands import Operands
+from jax_flash_amd.rules import Band
 
 compiled = []  # one dict per kernel compile
 
@@ -74,12 +76,14 @@ def _install_stand_ins(arch_details):
 
 def export_forward_backward(arch: str, head_dim: int, dtype, causal: bool, kv_heads: int, variants: bool):
     _triton.target = lambda: arch  # the arch a ROCm device would report
-    extra = dict(window=(32, 8), softcap=30.0, alibi=True, dropout_p=0.1, segments=True) if variants else {}
-    opts = Options(causal=causal, softmax_scale=head_dim ** -0.5, implementation="triton", **extra)
+    extra = dict(softcap=30.0, dropout_p=0.1) if variants else {}
+    band = Band.of(causal, (32, 8) if variants else (-1, -1), 300, 300)
+    opts = Options(implementation="triton", softmax_scale=head_dim ** -0.5, band=band, **extra)
 
     def fwd_bwd(q, k, v, dout, dlse, slopes, seeds, segment_ids):
-        variant = (slopes, seeds, segment_ids, segment_ids, *(jnp.ones((2, kv_heads), jnp.float32),) * 3)  # + descales
-        (out, lse), vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, variant, opts), q, k, v)
+        extras = Operands(slopes=slopes, seeds=seeds, q_segment_ids=segment_ids, kv_segment_ids=segment_ids
+                          ) if variants else Operands()
+        (out, lse), vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, extras, opts), q, k, v)
         return out, lse, vjp((dout, dlse))
 
     x = jax.ShapeDtypeStruct((2, 300, 4, head_dim), dtype)
@@ -112,7 +116,7 @@ def main():
                 kernel = row["kernel"]
                 name = {"attn_fwd": "fwd", "attn_bwd_dkdv": "dkdv",
                         "attn_bwd_dq": "dq"}[kernel]
-                _, options = _launch.pick_config(arch, name, head_dim, dtype)
+                _, options = _config_choice.pick_config(arch, name, head_dim, dtype)
                 row.update(head_dim=head_dim, dtype=jnp.dtype(dtype).name, causal=causal, kv_heads=kv_heads,
                            custom_calls=calls, expected=options)
                 print(json.dumps(row), flush=True)

@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_flash_amd
 from jax_flash_amd import _spmd, reference
+from jax_flash_amd.operands import SPECS as OPERANDS
 
 COLLECTIVES = r"all-gather|all-to-all|collective-permute|all-reduce|reduce-scatter"
 B, S, T, H, D = 8, 40, 24, 8, 32
@@ -69,7 +70,8 @@ def _stand_in_kernels(group=1):
     partition = _spmd._partition
     _spmd._partition = lambda *a: PARTITION_CALLS.append(a[0]) or partition(*a)
     try:
-        return fwd, bwd, _spmd.wrap(fwd, _spmd.FWD_RULE, group), _spmd.wrap(bwd, _spmd.BWD_RULE, group)
+        fwd_rule, bwd_rule = _spmd.rules(tuple(spec.axes for spec in OPERANDS.values()))  # every optional operand
+        return fwd, bwd, _spmd.wrap(fwd, fwd_rule, group), _spmd.wrap(bwd, bwd_rule, group)
     finally:
         _spmd._partition = partition
 
@@ -154,3 +156,63 @@ def test_interpreter_under_sharding_and_shard_map(mesh):
     np.testing.assert_allclose(np.asarray(out, np.float32),
                                np.asarray(jax_flash_amd.attention(q, k, v, causal=True, implementation="interpret"),
                                           np.float32), atol=1e-3)
+
+
+AXIS_TYPES = [jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit]
+
+
+def _typed_mesh(axis_type):
+    return jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
+
+
+def _small(dtype=jnp.float32):
+    ks = jax.random.split(jax.random.key(3), 4)
+    q, k, v = (jax.random.normal(kk, (4, 24, 8, 16), dtype) for kk in ks[:3])
+    ct = jax.random.normal(ks[3], (4, 24, 8, 16), jnp.float32)
+    return q, k, v, ct
+
+
+def _loss(impl, **kw):
+    def loss(q, k, v, ct):
+        return jnp.sum(jax_flash_amd.attention(q, k, v, causal=True, implementation=impl, **kw) * ct)
+    return loss
+
+
+@pytest.mark.parametrize("axis_type", AXIS_TYPES, ids=["auto", "explicit"])
+@pytest.mark.parametrize("impl", ["interpret", "xla"])
+def test_grad_inside_shard_map(impl, axis_type):
+    """jax.grad of attention inside the user's own shard_map: the backward's cotangents carry the
+    primals' varying axes (a custom_vjp type check failed before)."""
+    mesh = _typed_mesh(axis_type)
+    q, k, v, ct = _small()
+    spec = P("data", None, "model", None)
+    grad = jax.grad(_loss(impl), argnums=(0, 1, 2))
+    f = jax.jit(jax.shard_map(grad, mesh=mesh, in_specs=(spec,) * 4, out_specs=(spec,) * 3))
+    args = [jax.device_put(x, NamedSharding(mesh, spec)) for x in (q, k, v, ct)]
+    for got, want in zip(f(*args), grad(q, k, v, ct)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("axis_type", AXIS_TYPES, ids=["auto", "explicit"])
+@pytest.mark.parametrize("impl", ["interpret", "xla"])
+def test_sharded_segment_ids_and_sequence_under_jit(impl, axis_type):
+    """Batch-sharded segment ids, and a sequence-sharded q/k/v (gathered, with the warning), on Auto
+    and Explicit meshes (jax.make_mesh's default), forward and backward."""
+    mesh = _typed_mesh(axis_type)
+    q, k, v, ct = _small()
+    ids = jnp.broadcast_to(jnp.arange(24) * 3 // 24, (4, 24)).astype(jnp.int32)
+    grad = jax.value_and_grad(lambda q, k, v, ct, ids: _loss(impl, q_segment_ids=ids)(q, k, v, ct), argnums=(0, 1, 2))
+    want = grad(q, k, v, ct, ids)
+    with jax.set_mesh(mesh):
+        heads = NamedSharding(mesh, P("data", None, "model", None))
+        args = [jax.device_put(x, heads) for x in (q, k, v, ct)] + [jax.device_put(ids, NamedSharding(mesh, P("data")))]
+        got = jax.jit(grad)(*args)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=2e-5)
+        seq = NamedSharding(mesh, P("data", "model", None, None))
+        plain = jax.value_and_grad(_loss(impl), argnums=(0, 1, 2))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the gather warning (test_sequence_sharding_is_gathered_with_a_warning)
+            got = jax.jit(plain)(*[jax.device_put(x, seq) for x in (q, k, v, ct)])
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(plain(q, k, v, ct))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=2e-5)

@@ -1,45 +1,53 @@
 """Config choice: the default rows (narrow windows, dropout and grouped heads have their own) and opt-in
 autotuning, which tunes once per coarse key, picks among the candidates, and stays exact."""
+import inspect
+
 import jax.numpy as jnp
 import pytest
 
 import oracle
 from helpers import KERNEL_IMPLS, assert_close, inputs, run
-from jax_flash_amd import _launch, autotune
+from jax_flash_amd import _config_choice as choice, autotune
+from jax_flash_amd.rules import Band
 from jax_flash_amd.kernels import configs
 
 
+def _narrow(causal, window):
+    return Band.of(causal, window, 1 << 20, 1 << 20).narrow(configs.NARROW_WINDOW)
+
+
 def test_narrow_sliding_windows_take_their_rows():
-    assert _launch.narrow_window(True, (1024, -1)) and _launch.narrow_window(False, (1000, 1000))
-    assert not _launch.narrow_window(True, (-1, -1))  # causal alone: the long loops of the plain rows
-    assert not _launch.narrow_window(False, (1024, -1))  # unbounded on the right
-    assert not _launch.narrow_window(True, (configs.NARROW_WINDOW, 0))  # wider than NARROW_WINDOW keys
+    assert _narrow(True, (1024, -1)) and _narrow(False, (1000, 1000))
+    assert not _narrow(True, (-1, -1))  # causal alone: the long loops of the plain rows
+    assert not _narrow(False, (1024, -1))  # unbounded on the right
+    assert not _narrow(True, (configs.NARROW_WINDOW, 0))  # wider than NARROW_WINDOW keys
     for kernel in ("fwd", "dkdv", "dq"):
         rows = configs.TARGETS["cuda"][f"{kernel}+window"]
-        assert _launch.pick_config("cuda", kernel, 128, jnp.bfloat16, kind="window")[0] == {
+        assert choice.pick_config("cuda", kernel, 128, jnp.bfloat16, kind="window")[0] == {
             k: v for k, v in next(r for r in rows if r["max_block_d"] >= 128).items() if k.startswith("BLOCK_")}
-        assert _launch.pick_config("gfx942", kernel, 128, jnp.bfloat16, kind="window") == \
-            _launch.pick_config("gfx942", kernel, 128, jnp.bfloat16)  # no window rows there
+        assert choice.pick_config("gfx942", kernel, 128, jnp.bfloat16, kind="window") == \
+            choice.pick_config("gfx942", kernel, 128, jnp.bfloat16)  # no window rows there
 
 
 def test_row_kind_precedence():
-    assert _launch.row_kind(False, (-1, -1), 0.1) == "dropout" and _launch.row_kind(True, (-1, -1)) == ""
-    assert _launch.row_kind(True, (256, 0), 0.1) == "window"
-    assert _launch.row_kind(True, (-1, -1), 0.0, group=4) == "gqa"
-    assert _launch.row_kind(True, (-1, -1), 0.1, group=4) == "dropout"  # dropout's rows win over gqa's
-    assert _launch.row_kind(True, (256, 0), group=4, fp8_inputs=True) == "fp8"
-    fp8_row = _launch.pick_config("cuda", "fwd", 128, jnp.float8_e4m3fn, kind="fp8")
-    assert fp8_row != _launch.pick_config("cuda", "fwd", 128, jnp.bfloat16)
-    assert _launch.pick_config("gfx950", "fwd", 128, jnp.float8_e4m3fn, kind="fp8") == _launch.pick_config(
+    causal, window = Band(-1, 0), Band(256, 0)
+    assert choice.row_kind(Band(), 0.1) == "dropout" and choice.row_kind(causal) == ""
+    assert choice.row_kind(window, 0.1) == "window"
+    assert choice.row_kind(causal, 0.0, group=4) == "gqa"
+    assert choice.row_kind(causal, 0.1, group=4) == "dropout"  # dropout's rows win over gqa's
+    assert choice.row_kind(window, group=4, fp8_inputs=True) == "fp8"
+    fp8_row = choice.pick_config("cuda", "fwd", 128, jnp.float8_e4m3fn, kind="fp8")
+    assert fp8_row != choice.pick_config("cuda", "fwd", 128, jnp.bfloat16)
+    assert choice.pick_config("gfx950", "fwd", 128, jnp.float8_e4m3fn, kind="fp8") == choice.pick_config(
         "gfx950", "fwd", 128, jnp.float8_e4m3fn)  # no fp8 rows there: the plain ones
     gqa = next(r for r in configs.TARGETS["cuda"]["dkdv+gqa"] if r["max_block_d"] >= 128)
-    assert _launch.pick_config("cuda", "dkdv", 128, jnp.bfloat16, kind="gqa")[1]["num_stages"] == gqa["num_stages"]
+    assert choice.pick_config("cuda", "dkdv", 128, jnp.bfloat16, kind="gqa")[1]["num_stages"] == gqa["num_stages"]
     for kernel in ("dkdv", "dq"):
         rows = configs.TARGETS["cuda"][f"{kernel}+dropout"]
-        assert _launch.pick_config("cuda", kernel, 128, jnp.bfloat16, kind="dropout")[0] == {
+        assert choice.pick_config("cuda", kernel, 128, jnp.bfloat16, kind="dropout")[0] == {
             k: v for k, v in next(r for r in rows if r["max_block_d"] >= 128).items() if k.startswith("BLOCK_")}
-    assert _launch.pick_config("cuda", "fwd", 128, jnp.bfloat16, kind="dropout") == \
-        _launch.pick_config("cuda", "fwd", 128, jnp.bfloat16)  # no forward dropout rows
+    assert choice.pick_config("cuda", "fwd", 128, jnp.bfloat16, kind="dropout") == \
+        choice.pick_config("cuda", "fwd", 128, jnp.bfloat16)  # no forward dropout rows
 
 
 def test_wide_heads_split_dkdv():
@@ -56,8 +64,8 @@ def test_wide_heads_split_dkdv():
         assert dkdv.constexprs["SPLIT"] is split and dkdv.grid[2] == (2 if split else 1), (target, d, dtype)
         for launch in launches.values():
             assert not {"max_block_d", "max_itemsize", "SPLIT"} & set(launch.compile_options)
-    assert _launch.pick_config("cuda", "dq", 256, jnp.bfloat16)[0]["BLOCK_M"] == 128
-    assert _launch.pick_config("cuda", "dq", 128, jnp.float32)[0]["BLOCK_M"] == 64
+    assert choice.pick_config("cuda", "dq", 256, jnp.bfloat16)[0]["BLOCK_M"] == 128
+    assert choice.pick_config("cuda", "dq", 128, jnp.float32)[0]["BLOCK_M"] == 64
     assert all(r.get("max_itemsize", 8) >= 4 for r in autotune.candidates("cuda", "dkdv", 128, jnp.float32))
     assert any(r.get("SPLIT") for r in autotune.candidates("cuda", "dkdv", 256, jnp.bfloat16))
 
@@ -117,3 +125,32 @@ def test_off_by_default_and_context_restores():
     with autotune.enabled():
         assert autotune.is_enabled()
     assert not autotune.is_enabled()
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_tunes_on_the_calls_band(impl, tuning, monkeypatch):
+    """A sliding-window call is tuned on its own band, not on a full causal problem, and its key says
+    so (row kind and band), apart from a plain causal call's."""
+    seen = []
+    tune = autotune._tune
+
+    def recording(run_, *args):
+        def run_and_record(launch):
+            params = inspect.signature(launch.kernel.fn).parameters
+            named = dict(zip(params, launch.args))
+            if "lo_off" in named:
+                seen.append((named["lo_off"], named["hi_off"], launch.constexprs["BANDED"]))
+            return run_(launch)
+        return tune(run_and_record, *args)
+
+    monkeypatch.setattr(autotune, "_tune", recording)
+    sq = 70
+    q, k, v, dout, dlse = inputs((1, sq, 2, 40), (1, sq, 2, 40), jnp.float16, seed=3)
+    got = run(impl, q, k, v, dout, dlse, causal=True, window_size=(9, 0))
+    base = run("xla", q, k, v, dout, dlse, causal=True, window_size=(9, 0))
+    assert_close(got, oracle.attention(q, k, v, dout, dlse, causal=True, window=(9, 0)), base, jnp.float16)
+    assert seen and set(seen) == {(-9, 0, True)}, set(seen)
+    keys = set(autotune.table())
+    assert {key[4:6] for key in keys} == {("window", (9, 0))}
+    run(impl, q, k, v, dout, dlse, causal=True)  # plain causal: tuned again, under its own keys
+    assert {key[4:6] for key in set(autotune.table()) - keys} == {("", (-1, 0))}

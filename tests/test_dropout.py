@@ -6,7 +6,8 @@ import pytest
 
 import jax_flash_amd
 from helpers import KERNEL_IMPLS
-from jax_flash_amd import reference
+from jax_flash_amd import reference, rules
+from jax_flash_amd.rules import Band
 
 IMPLS = KERNEL_IMPLS + ["xla"]
 
@@ -32,11 +33,11 @@ def test_mask_is_the_reference_mask_and_backward_uses_it(impl, causal, window):
     out, vjp = jax.vjp(f, q, k, v)
     b, sq, h, sk = out.shape
     kept = np.asarray(out > 0).transpose(0, 2, 1, 3)  # (b, h, sq, sk)
-    visible = np.asarray(reference.visible(sq, sk, causal, window))
+    visible = np.asarray(Band.of(causal, window, sq, sk).visible(sq, sk))
     expected = np.asarray(reference.dropout_keep(reference.dropout_seeds(rng, b, h), sq, sk, p)) & visible
     np.testing.assert_array_equal(kept, expected)
     n = visible.sum(-1)[None, None, :, None]
-    np.testing.assert_allclose(np.asarray(out).transpose(0, 2, 1, 3), expected * reference.dropout_keep_scale(p) / n,
+    np.testing.assert_allclose(np.asarray(out).transpose(0, 2, 1, 3), expected * rules.dropout_keep_scale(p) / n,
                                rtol=1e-6)
     # the backward regenerates the forward's mask: dV = P_dropped^T dO, with P_dropped = out here
     dout = jax.random.normal(jax.random.key(1), out.shape, jnp.float32)
@@ -70,8 +71,8 @@ def test_dropped_fraction_in_kernel(impl):
 def test_dropped_fraction_of_the_mask(p):
     keep = reference.dropout_keep(reference.dropout_seeds(jax.random.key(0), 4, 8), 256, 256, p)
     frac = 1.0 - float(jnp.mean(keep))  # 2M draws: standard error < 0.0004
-    assert abs(frac - reference.dropout_rate(p)) < 0.0015, frac
-    assert abs(reference.dropout_rate(p) - p) <= 1 / 512
+    assert abs(frac - rules.dropout_rate(p)) < 0.0015, frac
+    assert abs(rules.dropout_rate(p) - p) <= 1 / 512
     # no structure along rows or columns (a broken counter repeats patterns)
     assert np.asarray(keep[0, 0, :, 0] != keep[0, 0, :, 4]).any()
     assert not np.array_equal(np.asarray(keep[0, 0]), np.asarray(keep[0, 1]))

@@ -110,8 +110,8 @@ def test_keys_last_transposes_every_byte(impl, seq_k, d):
     """The fp8 forward's V^T (four keys packed per word, kernels/fwd.py): exact, zero-padded to 16 keys,
     for random bytes over the whole 0..255 range (NaN encodings included), ragged key counts and odd
     head dims."""
-    from jax_flash_amd import _launch, _vjp
-    run, target = _vjp.backend(impl)
+    from jax_flash_amd import _dispatch, _launch
+    run, target = _dispatch.backend(impl)
     bits = jax.random.randint(jax.random.key(seq_k), (2, seq_k, 3, d), 0, 256, jnp.int32).astype(jnp.uint8)
     v = jax.lax.bitcast_convert_type(bits, FN)
     vt = jax.jit(lambda v: _launch.keys_last(run, target, v))(v)

@@ -1,4 +1,6 @@
 """The kernels under JAX transformations: jit, grad, value_and_grad, checkpoint, scan."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,3 +65,25 @@ def test_default_implementation_uses_kernels(impl, problem):
     a = jax_flash_amd.attention(q, k, v, causal=True)
     b = jax_flash_amd.attention(q, k, v, causal=True, implementation=impl)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("impl", [*KERNEL_IMPLS, "xla"])
+def test_windows_wider_than_the_sequence_are_unbounded(impl):
+    """A window side that reaches past every key is the unbounded side (clamped once, in the API):
+    no overflow, the same result as without it."""
+    q, k, v = (jax.random.normal(jax.random.key(i), (1, 37, 2, 16), jnp.float16) for i in range(3))
+    f = functools.partial(jax_flash_amd.attention, q, k, v, implementation=impl)
+    np.testing.assert_array_equal(np.asarray(f(causal=True, window_size=(2**31, 0))), np.asarray(f(causal=True)))
+    np.testing.assert_array_equal(np.asarray(f(window_size=(2**40, 36))), np.asarray(f()))
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_second_derivative_through_the_kernels_says_so(impl):
+    q, k, v = (jax.random.normal(jax.random.key(i), (1, 20, 2, 16), jnp.float32) for i in range(3))
+
+    def loss(q):
+        return jnp.sum(jax_flash_amd.attention(q, k, v, implementation=impl) ** 2)
+
+    jax.grad(loss)(q)  # once is fine
+    with pytest.raises(TypeError, match="differentiable once.*implementation='xla'"):
+        jax.grad(lambda q: jnp.sum(jax.grad(loss)(q) ** 2))(q)

@@ -1,0 +1,57 @@
+"""Which config row of kernels/configs.py a launch takes (the rows themselves are data, there)."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jax_flash_amd import fp8
+from jax_flash_amd.kernels import configs
+from jax_flash_amd.rules import Band
+
+_SELECTORS = ("max_block_d", "max_itemsize")  # configs.py: which calls a row serves
+
+
+def block_d(head_dim: int, dtype=jnp.bfloat16) -> int:
+    """Head dim padded to a power of two >= tl.dot's minimum reduction (16; 32 for fp8); the padding is
+    masked, never stored."""
+    return max(32 if fp8.is_fp8(dtype) else 16, 1 << (head_dim - 1).bit_length())
+
+
+def config_width(head_dim: int, dtype) -> int:
+    """The head width a config row must cover: float32 tiles count double (twice the registers); fp8
+    ones count as 16-bit (the fp32 accumulator, not the inputs, sets the register need)."""
+    return block_d(head_dim, dtype) * max(2, jnp.dtype(dtype).itemsize) // 2
+
+
+def fits(row: dict, width: int, dtype) -> bool:
+    """Whether a config row serves a call of this config_width and input dtype."""
+    return row["max_block_d"] >= width and jnp.dtype(dtype).itemsize <= row.get("max_itemsize", 8)
+
+
+def row_kind(band: Band, dropout_p: float = 0.0, group: int = 1, fp8_inputs: bool = False) -> str:
+    """Which config rows a call takes: "fp8" for float8 inputs (a forward of another shape: half-size
+    tiles, a longer softmax chain per MMA), else "window" for a band bounded on both sides and at most
+    configs.NARROW_WINDOW keys wide (short key loops), else "dropout" with dropout (its random numbers
+    cost registers), else "gqa" with grouped query heads (group > 1: the dK/dV loop runs over the
+    group's heads too), else "" (the plain rows)."""
+    if fp8_inputs:
+        return "fp8"
+    if band.narrow(configs.NARROW_WINDOW):
+        return "window"
+    return "dropout" if dropout_p > 0 else "gqa" if group > 1 else ""
+
+
+def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, kind: str = "") -> tuple[dict, dict]:
+    """(constexprs, compiler options): rows[kernel] when given (autotuning), else the first
+    configs.TARGETS row that fits the head and dtype, from the "<kernel>+<kind>" rows where the target
+    has them (kind: row_kind)."""
+    row = (rows or {}).get(kernel)
+    if row is None:
+        width = config_width(head_dim, dtype)
+        table = configs.TARGETS[target]
+        candidates = table.get(f"{kernel}+{kind}", table[kernel]) if kind else table[kernel]
+        row = next((r for r in candidates if fits(r, width, dtype)), None)
+        if row is None:
+            raise ValueError(f"no {kernel} config for head_dim={head_dim}, dtype={dtype} on {target}")
+    blocks = {k: v for k, v in row.items() if k.isupper()}  # constexprs: BLOCK_*, SPLIT
+    options = {k: v for k, v in row.items() if k not in _SELECTORS and not k.isupper()}
+    return blocks, options

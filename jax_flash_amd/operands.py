@@ -1,0 +1,67 @@
+"""The optional array inputs of one attention call, described once.
+
+`Operands` is a pytree whose fields are None (off) or an array. Everything downstream is derived from
+the field declarations below, so adding an operand means adding one field here (plus the kernel code
+that reads it):
+- the custom_vjp carries the pytree as one argument; absent fields are not leaves, so they cost nothing
+  and get no cotangent;
+- the vmap and sharding rules (_spmd) take each present field's `axes`;
+- a kernel launch passes every field a kernel names in its signature (`param`): the array, or a
+  one-element placeholder of the field's dtype that the kernel's constexprs tell it not to read.
+All of them are constants of the call: their cotangent is zero, as in FlashAttention.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    axes: str  # Shardy factors (_spmd): b batch, s query and t key positions, h key/value heads, g query
+    #            heads per key/value head ("(h g)" = query heads), r an axis a device holds whole
+    dtype: Any  # what the kernel reads (a same-width bitcast of the array when the dtypes differ)
+    param: str  # the kernel parameter it is passed as
+
+
+def _field(axes: str, dtype, param: str):
+    return dataclasses.field(default=None, metadata={"spec": Spec(axes, jnp.dtype(dtype), param)})
+
+
+@dataclasses.dataclass(frozen=True)
+class Operands:
+    slopes: Any = _field("b (h g)", jnp.float32, "Slopes")  # ALiBi slopes (batch, heads_q)
+    seeds: Any = _field("b (h g) r", jnp.int32, "Seeds")  # dropout Philox keys (batch, heads_q, 2) uint32
+    q_segment_ids: Any = _field("b s", jnp.int32, "QSeg")  # (batch, seq_q)
+    kv_segment_ids: Any = _field("b t", jnp.int32, "KSeg")  # (batch, seq_k)
+    q_descale: Any = _field("b h", jnp.float32, "QDescale")  # fp8 dequantisation factors (batch, heads_kv)
+    k_descale: Any = _field("b h", jnp.float32, "KDescale")
+    v_descale: Any = _field("b h", jnp.float32, "VDescale")
+
+    def present(self) -> tuple[str, ...]:
+        """Names of the fields that hold arrays, in declaration (= leaf) order."""
+        return tuple(f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None)
+
+    def axes(self) -> tuple[str, ...]:
+        """The sharding-rule axes of the present fields (leaf order)."""
+        return tuple(SPECS[name].axes for name in self.present())
+
+    def kernel_args(self, params) -> dict[str, Any]:
+        """{kernel parameter: array or placeholder} for the parameters of `params` that are fields."""
+        args = {}
+        for name, spec in SPECS.items():
+            if spec.param in params:
+                x = getattr(self, name)
+                if x is None:
+                    x = jnp.zeros((1,), spec.dtype)
+                elif x.dtype != spec.dtype:
+                    x = jax.lax.bitcast_convert_type(x, spec.dtype)
+                args[spec.param] = x
+        return args
+
+
+SPECS = {f.name: f.metadata["spec"] for f in dataclasses.fields(Operands)}
+jax.tree_util.register_dataclass(Operands, data_fields=list(SPECS), meta_fields=[])
