@@ -11,7 +11,7 @@ LN2 = tl.constexpr(0.6931471805599453)
 @triton.jit
 def _tanh(x):
     """tanh in fp32 to ~1 ulp relative at every x, portable (no libdevice; CUDA, ROCm, interpreter). For
-    |x| < 0.75, x * P(x^2) (odd minimax polynomial, degree 13: <= 0.93 eps relative, exactly x below
+    |x| < 0.75, x * P(x^2) (odd minimax polynomial, degree 13: <= 0.75 eps relative, exactly x below
     ~1e-4, so softcap * tanh(x / softcap) -> x as softcap -> inf); above, 1 - 2 / (e^(2|x|) + 1)
     (<= 1.3 eps with a correctly rounded exp2, ~2 eps with the GPUs' approximate one; exactly 1 from
     |x| ~ 9 on), with x's sign. The plain 1 - 2 / (e^(2x) + 1) everywhere has an absolute error of
