@@ -7,7 +7,9 @@ import functools
 import math
 import warnings
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_flash_amd import reference
 from jax_flash_amd.api import attention
@@ -31,9 +33,15 @@ def flash_attention_fn(query, key, value, bias=None, mask=None, broadcast_dropou
     one-time warning says so. ``precision`` and ``force_fp32_for_softmax`` change nothing: the kernels
     always take exact dots of the input dtype and a float32 softmax.
 
-    What the kernels cannot express runs on Flax's own ``nnx.dot_product_attention`` (O(N^2) memory),
-    correctly, with a one-time warning: a dense ``mask`` or ``bias``, and ``module`` (attention weights to
-    sow). Custom einsums (``qk_attn_weights_einsum`` etc., AQT) are refused with a ValueError.
+    What the kernels cannot express runs on Flax's own ``dot_product_attention`` (O(N^2) memory; linen's
+    for a linen ``module``, nnx's otherwise), correctly, with a one-time warning: a dense ``mask`` or
+    ``bias``, and ``module`` (attention weights to sow). There the causal mask stays bottom-right aligned
+    and the segment ids apply, as on the kernels. Custom einsums (``qk_attn_weights_einsum`` etc., AQT) are
+    refused with a ValueError.
+
+    Segment ids of a 64-bit integer type (the default under ``jax_enable_x64``) are renumbered to int32
+    per row (rank among the row's q and kv ids): equal ids stay equal and sorted ids sorted, so the
+    result is the same for any values, including ones outside int32's range, jitted or not.
     """
     if qk_attn_weights_einsum is not None or attn_weights_value_einsum is not None:
         raise ValueError("flash_attention_fn cannot run custom einsums (qk_attn_weights_einsum / "
@@ -48,6 +56,7 @@ def flash_attention_fn(query, key, value, bias=None, mask=None, broadcast_dropou
         _warn_once(f"jax_flash_amd.flash_attention_fn got {reason}, which the kernels cannot express; this call "
                    "runs on Flax's dot_product_attention (O(N^2) memory). Use causal=True / segment ids instead "
                    "of a mask to stay on the kernels.")
+        import flax.linen as nn
         from flax import nnx
 
         if q_segment_ids is not None or kv_segment_ids is not None:
@@ -55,18 +64,60 @@ def flash_attention_fn(query, key, value, bias=None, mask=None, broadcast_dropou
             q_ids = kv_ids if q_segment_ids is None else q_segment_ids
             same = reference.segment_mask(q_ids, kv_ids)
             mask = same if mask is None else jnp.logical_and(mask, same)
+        if causal:  # bottom-right aligned, as in the kernels (Flax's is_causal aligns top-left)
+            sq, sk = query.shape[-3], key.shape[-3]
+            below = jnp.tril(jnp.ones((sq, sk), jnp.bool_), sk - sq)
+            mask = below if mask is None else jnp.logical_and(mask, below)
+        if isinstance(module, nn.Module):  # sows into linen's 'intermediates' collection
+            return nn.dot_product_attention(query, key, value, bias, mask, broadcast_dropout, dropout_rng,
+                                            dropout_rate, deterministic, dtype, precision, module)
         return nnx.dot_product_attention(query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
-                                         deterministic, dtype, precision, module, is_causal=causal)
+                                         deterministic, dtype, precision, module)
     if dropout_p > 0 and broadcast_dropout:
         _warn_once("jax_flash_amd.flash_attention_fn: broadcast_dropout=True (one dropout mask shared along the "
                    "batch) is not reproduced; the kernels draw an independent mask per batch element and head "
                    "(as broadcast_dropout=False).")
     batch = query.shape[:-3]
     flat = lambda x: None if x is None else x.reshape(math.prod(batch), *x.shape[len(batch):])  # noqa: E731
+    q_ids, kv_ids = int32_segment_ids(flat(q_segment_ids), flat(kv_segment_ids))
     out = attention(flat(query), flat(key), flat(value), causal=causal, dropout_p=dropout_p,
-                    dropout_rng=dropout_rng if dropout_p > 0 else None, q_segment_ids=flat(q_segment_ids),
-                    kv_segment_ids=flat(kv_segment_ids), implementation=implementation)
+                    dropout_rng=dropout_rng if dropout_p > 0 else None, q_segment_ids=q_ids,
+                    kv_segment_ids=kv_ids, implementation=implementation)
     return out.reshape(query.shape)
+
+
+def _wide(ids) -> bool:
+    """An integer id array that jax_flash_amd.attention refuses (wider than int32, or uint32)."""
+    dtype = getattr(ids, "dtype", None)
+    return dtype is not None and jnp.issubdtype(dtype, jnp.integer) and (
+        jnp.dtype(dtype).itemsize > 4 or jnp.dtype(dtype) == jnp.uint32)
+
+
+def int32_segment_ids(q_ids, kv_ids):
+    """(q ids, kv ids) (rows, len) as int32 when either is of a wider integer type: a plain cast where the
+    (concrete) values fit, else each row's ids renumbered by rank among that row's q and kv ids together,
+    which keeps equality and order. Anything else passes through (jax_flash_amd.attention checks it)."""
+    if not (_wide(q_ids) or _wide(kv_ids)):
+        return q_ids, kv_ids
+    if q_ids is None or kv_ids is None:  # one given: it serves for both when the lengths agree
+        q_ids = kv_ids if q_ids is None else q_ids
+        kv_ids = q_ids if kv_ids is None else kv_ids
+    if getattr(q_ids, "shape", (None,))[:-1] != getattr(kv_ids, "shape", (None,))[:-1]:
+        return q_ids, kv_ids  # mismatched shapes: attention's checks name the argument
+    info = np.iinfo(np.int32)
+    concrete = not any(isinstance(x, jax.core.Tracer) for x in (q_ids, kv_ids))
+    if concrete:
+        q_np, kv_np = np.asarray(q_ids), np.asarray(kv_ids)
+        if all(x.size == 0 or (x.min() >= info.min and x.max() <= info.max) for x in (q_np, kv_np)):
+            return jnp.asarray(q_np.astype(np.int32)), jnp.asarray(kv_np.astype(np.int32))
+        both = np.concatenate([q_np, kv_np], axis=-1)
+        ranks = np.stack([np.searchsorted(np.sort(row), row) for row in both.reshape(-1, both.shape[-1])])
+    else:
+        common = jnp.promote_types(q_ids.dtype, kv_ids.dtype)
+        both = jnp.concatenate([q_ids.astype(common), kv_ids.astype(common)], axis=-1)
+        ranks = jax.vmap(lambda row: jnp.searchsorted(jnp.sort(row), row))(both.reshape(-1, both.shape[-1]))
+    ranks = jnp.asarray(ranks.reshape(both.shape), jnp.int32)
+    return ranks[..., :q_ids.shape[-1]], ranks[..., q_ids.shape[-1]:]
 
 
 @functools.cache

@@ -29,6 +29,20 @@ def decode_step(cache_index, cached_key, cached_value, key, value):
     return keys, values, (q_ids, kv_ids), cache_index + 1
 
 
+def kv_inputs(inputs_q, inputs_k, inputs_v, inputs_kv=None):
+    """(inputs_k, inputs_v) as Flax's attention modules resolve them: both default to inputs_q, inputs_v
+    to inputs_k; inputs_kv (linen's deprecated form) gives both."""
+    if inputs_kv is not None:
+        if inputs_k is not None or inputs_v is not None:
+            raise ValueError("inputs_kv cannot be combined with inputs_k / inputs_v")
+        return inputs_kv, inputs_kv
+    if inputs_k is None:
+        if inputs_v is not None:
+            raise ValueError("inputs_k cannot be None if inputs_v is given (pass the one array as inputs_k)")
+        inputs_k = inputs_q
+    return inputs_k, inputs_k if inputs_v is None else inputs_v
+
+
 class FlashSelfAttention(nn.Module):
     """Multi-head self-attention with the fields of ``flax.linen.MultiHeadDotProductAttention`` and the same
     parameter tree (``query``, ``key``, ``value``, ``out``; ``query_ln`` / ``key_ln`` with normalize_qk), so
@@ -36,12 +50,17 @@ class FlashSelfAttention(nn.Module):
     both compute the same function.
 
     Extra fields: ``causal`` (bottom-right aligned causal mask, computed in the kernels) and
-    ``implementation`` (jax_flash_amd.attention's). ``__call__(x, *, segment_ids=None, deterministic=None)``:
-    x (batch..., length, features); segment_ids (batch..., length) int32 restricts attention to equal ids
-    (packed sequences). Dropout (``dropout_rate`` > 0, not deterministic) draws its key from the module's
-    'dropout' rng stream and runs inside the kernels (no dense mask); masks are independent per batch
-    element and head, so ``broadcast_dropout`` must stay False. ``decode=True`` (autoregressive cache,
-    one position per call, as Flax's) attends to the cache through segment ids on the kernels.
+    ``implementation`` (jax_flash_amd.attention's). ``__call__`` takes Flax's arguments, ``(inputs_q,
+    inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None, deterministic=None, dropout_rng=None,
+    sow_weights=False)``, plus ``segment_ids`` / ``kv_segment_ids``: inputs (batch..., length, features);
+    inputs_k / inputs_v give cross-attention (default: inputs_q); segment_ids (batch..., q_length) integer
+    ids restrict attention to equal ids (packed sequences), kv_segment_ids (default: segment_ids) those of
+    the keys. A dense ``mask`` or ``sow_weights=True`` runs on Flax's attention (O(N^2) memory) with a
+    one-time warning, as ``flash_attention_fn`` does. Dropout (``dropout_rate`` > 0, not deterministic)
+    takes ``dropout_rng`` or the module's 'dropout' rng stream and runs inside the kernels (no dense mask);
+    masks are independent per batch element and head, so ``broadcast_dropout`` must stay False.
+    ``decode=True`` (autoregressive cache, one position per call, as Flax's) attends to the cache through
+    segment ids on the kernels.
     """
     num_heads: int
     dtype: Any = None
@@ -63,8 +82,11 @@ class FlashSelfAttention(nn.Module):
     implementation: str | None = None
 
     @nn.compact
-    def __call__(self, x, *, segment_ids=None, deterministic: bool | None = None):
-        qkv_features = self.qkv_features or x.shape[-1]
+    def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None,
+                 deterministic: bool | None = None, dropout_rng=None, sow_weights: bool = False, segment_ids=None,
+                 kv_segment_ids=None):
+        inputs_k, inputs_v = kv_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
+        qkv_features = self.qkv_features or inputs_q.shape[-1]
         if qkv_features % self.num_heads:
             raise ValueError(f"qkv_features ({qkv_features}) must be divisible by num_heads ({self.num_heads})")
         if self.broadcast_dropout and self.dropout_rate > 0:
@@ -74,19 +96,20 @@ class FlashSelfAttention(nn.Module):
                                   features=(self.num_heads, qkv_features // self.num_heads),
                                   kernel_init=self.kernel_init, bias_init=self.bias_init, use_bias=self.use_bias,
                                   precision=self.precision)
-        query, key, value = dense(name="query")(x), dense(name="key")(x), dense(name="value")(x)
+        query, key, value = dense(name="query")(inputs_q), dense(name="key")(inputs_k), dense(name="value")(inputs_v)
         if self.normalize_qk:
             ln = functools.partial(nn.LayerNorm, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)
             query, key = ln(name="query_ln")(query), ln(name="key_ln")(key)
 
-        ids, causal = (segment_ids, segment_ids), self.causal
+        ids = (segment_ids, segment_ids if kv_segment_ids is None else kv_segment_ids)
+        causal = self.causal
         if self.decode:
             initialized = self.has_variable("cache", "cached_key")
             cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
             cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
             index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
             if initialized:
-                if segment_ids is not None:
+                if segment_ids is not None or kv_segment_ids is not None:
                     raise ValueError("segment_ids cannot be combined with decode=True")
                 key, value, ids, index.value = decode_step(index.value, cached_key.value, cached_value.value, key,
                                                            value)
@@ -95,11 +118,12 @@ class FlashSelfAttention(nn.Module):
 
         rng, rate = None, 0.0
         if self.dropout_rate > 0 and not nn.merge_param("deterministic", self.deterministic, deterministic):
-            rng, rate = self.make_rng("dropout"), self.dropout_rate
-        out = flash_attention_fn(query, key, value, dropout_rng=rng, dropout_rate=rate, deterministic=rate == 0,
-                                 broadcast_dropout=False, dtype=self.dtype, causal=causal, q_segment_ids=ids[0],
-                                 kv_segment_ids=ids[1], implementation=self.implementation)
-        return nn.DenseGeneral(features=self.out_features or x.shape[-1], axis=(-2, -1),
+            rng, rate = self.make_rng("dropout") if dropout_rng is None else dropout_rng, self.dropout_rate
+        out = flash_attention_fn(query, key, value, mask=mask, dropout_rng=rng, dropout_rate=rate,
+                                 deterministic=rate == 0, broadcast_dropout=False, dtype=self.dtype,
+                                 precision=self.precision, module=self if sow_weights else None, causal=causal,
+                                 q_segment_ids=ids[0], kv_segment_ids=ids[1], implementation=self.implementation)
+        return nn.DenseGeneral(features=self.out_features or inputs_q.shape[-1], axis=(-2, -1),
                                kernel_init=self.out_kernel_init or self.kernel_init,
                                bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias,
                                dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision,

@@ -165,3 +165,95 @@ def test_jit_training_step_lowers_the_loss(impl):
         params, state, loss = step(params, state, jax.random.key(i))
         losses.append(float(loss))
     assert np.isfinite(losses).all() and losses[-1] < 0.6 * losses[0], losses
+
+
+# Flax's call signatures (issue 18, item 9): cross-attention inputs, dense masks, dropout_rng, sow_weights,
+# nnx's is_causal, and the int64 ids that jax_enable_x64 makes the default
+Y = jax.random.normal(jax.random.key(7), (2, 29, 48), jnp.float32)  # keys / values of another length
+Z = jax.random.normal(jax.random.key(8), (2, 29, 48), jnp.float32)
+MASK = jax.random.bernoulli(jax.random.key(9), 0.7, (2, 1, 37, 37)).at[..., 0].set(True)
+
+
+def _dense_mask_warning(caught):
+    return any("dense mask" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_linen_module_takes_flax_call_arguments(impl):
+    ours = jax_flash_amd.FlashSelfAttention(num_heads=4, qkv_features=48, implementation=impl)
+    theirs = nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=48)
+    params = theirs.init(jax.random.key(1), X)
+    for args in ((X, Y), (X, Y, Z)):  # positional inputs_k, inputs_v: cross-attention
+        _close(ours.apply(params, *args), theirs.apply(params, *args))
+    _close(ours.apply(params, X, inputs_kv=Y), theirs.apply(params, X, Y))
+    jax_flash_amd.attention_fn._warn_once.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = ours.apply(params, X, mask=MASK, deterministic=True)
+    assert _dense_mask_warning(caught)  # the mask runs on Flax's attention
+    _close(got, theirs.apply(params, X, mask=MASK, deterministic=True))
+    causal = jax_flash_amd.FlashSelfAttention(num_heads=4, qkv_features=48, causal=True, implementation=impl)
+    both = jnp.logical_and(MASK, nn.make_causal_mask(X[..., 0]))  # causal=True and a mask: both apply
+    _close(causal.apply(params, X, mask=MASK), theirs.apply(params, X, mask=both))
+    jax_flash_amd.attention_fn._warn_once.cache_clear()
+    with pytest.warns(UserWarning, match="attention weights to sow"):
+        got, mine = ours.apply(params, X, sow_weights=True, mutable=["intermediates"])
+    want, flax_vars = theirs.apply(params, X, sow_weights=True, mutable=["intermediates"])
+    _close(got, want)
+    _close(mine["intermediates"]["attention_weights"][0], flax_vars["intermediates"]["attention_weights"][0])
+
+    drop = jax_flash_amd.FlashSelfAttention(num_heads=4, qkv_features=48, dropout_rate=0.3, implementation=impl)
+    a, b = (drop.apply(params, X, deterministic=False, dropout_rng=jax.random.key(3)) for _ in range(2))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the given key, no 'dropout' stream needed
+    assert not np.allclose(np.asarray(a), np.asarray(drop.apply(params, X, deterministic=True)))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.filterwarnings("ignore:Using 'Module.sow\\(\\)' outside:DeprecationWarning")  # Flax's, for both modules
+def test_nnx_module_takes_flax_call_arguments(impl):
+    theirs = nnx.MultiHeadAttention(4, 48, num_kv_heads=2, decode=False, rngs=nnx.Rngs(0))
+    ours = jax_flash_amd.nnx.FlashSelfAttention(4, 48, num_kv_heads=2, decode=False, implementation=impl,
+                                                rngs=nnx.Rngs(5))
+    nnx.update(ours, nnx.state(theirs, nnx.Param))
+    _close(ours(X, is_causal=True), theirs(X, is_causal=True))
+    _close(ours(X, Y, Z), theirs(X, Y, Z))
+    jax_flash_amd.attention_fn._warn_once.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = ours(X, mask=MASK)
+    assert _dense_mask_warning(caught)
+    _close(got, theirs(X, mask=MASK))
+    jax_flash_amd.attention_fn._warn_once.cache_clear()
+    with pytest.warns(UserWarning, match="attention weights to sow"):
+        got = ours(X, sow_weights=True)
+    _close(got, theirs(X, sow_weights=True))
+    mine, flax_weights = (nnx.pop(m, nnx.Intermediate)["attention_weights"] for m in (ours, theirs))
+    _close(jax.tree.leaves(mine)[0], jax.tree.leaves(flax_weights)[0])
+
+    cross = dict(in_kv_features=24, decode=False)  # keys / values with their own feature size
+    theirs = nnx.MultiHeadAttention(4, 48, 48, 48, 2, rngs=nnx.Rngs(0), **cross)
+    ours = jax_flash_amd.nnx.FlashSelfAttention(4, 48, 48, 48, 2, implementation=impl, rngs=nnx.Rngs(5), **cross)
+    nnx.update(ours, nnx.state(theirs, nnx.Param))
+    _close(ours(X, Y[..., :24]), theirs(X, Y[..., :24]))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_int64_segment_ids_under_x64(impl):
+    ids32 = jnp.asarray([[0] * 20 + [1] * 17, [0] * 5 + [1] * 32], jnp.int32)
+    layer = jax_flash_amd.FlashSelfAttention(num_heads=4, causal=True, implementation=impl)
+    params = layer.init(jax.random.key(1), X)
+    want = layer.apply(params, X, segment_ids=ids32)
+    model = jax_flash_amd.nnx.FlashSelfAttention(4, 48, causal=True, decode=False, implementation=impl,
+                                                 rngs=nnx.Rngs(0))
+    want_nnx = model(X, segment_ids=ids32)
+    big = 5_000_000_000  # ids past int32: a plain cast would wrap 5e9 and 5e9 + 2^32 onto one id
+    wide = np.asarray([[big] * 20 + [big + 2**32] * 17, [-big] * 5 + [big] * 32], np.int64)
+    with jax.enable_x64(True):
+        ids = jnp.asarray(ids32.tolist())  # the default integer type: int64
+        assert ids.dtype == jnp.int64
+        _close(layer.apply(params, X, segment_ids=ids), want)
+        _close(jax.jit(lambda p, i: layer.apply(p, X, segment_ids=i))(params, ids), want)  # traced ids
+        _close(layer.apply(params, X, segment_ids=jnp.asarray(wide)), want)
+        _close(jax.jit(lambda p, i: layer.apply(p, X, segment_ids=i))(params, jnp.asarray(wide)), want)
+        _close(model(X, segment_ids=ids), want_nnx)
+    _close(layer.apply(params, X, segment_ids=wide), want)  # NumPy int64 without x64
