@@ -50,9 +50,14 @@ def _params(kernel) -> tuple[str, ...]:
     return tuple(inspect.signature(kernel.fn).parameters)
 
 
-def _launch(kernel, grid, inputs: dict, out_shapes: tuple, constexprs: dict, options: dict) -> Launch:
-    """A Launch with `inputs` (every runtime parameter before the outputs, by name) in the kernel's order."""
+def _launch(kernel, grid, inputs: dict, out_shapes: tuple, constexprs: dict, options: dict,
+            extras: Operands | None = None) -> Launch:
+    """A Launch with `inputs` (every runtime parameter before the outputs, by name) in the kernel's order,
+    plus the optional operands (extras) the kernel names, with their presence flags."""
     params = _params(kernel)
+    if extras is not None:
+        inputs = {**inputs, **extras.kernel_args(params)}
+        constexprs = {**constexprs, **extras.kernel_flags(params)}
     n_in = len(inputs)
     if set(params[:n_in]) != set(inputs):
         raise TypeError(f"{kernel.__name__} takes {params[:n_in]} before its outputs; given {tuple(inputs)}")
@@ -94,7 +99,7 @@ def _ranges(extras: Operands, query_side: bool, block: int):
     return segment_ranges(ids, other, block) if query_side else segment_ranges(other, ids, block)
 
 
-def _common(q, k, statics: Statics, extras: Operands) -> tuple[dict, dict]:
+def _common(q, k, statics: Statics) -> tuple[dict, dict]:
     """(runtime scalars, constexprs) every attention kernel takes."""
     sq, sk = q.shape[1], k.shape[1]
     lo_off, hi_off = statics.band.offsets(sq, sk)
@@ -102,8 +107,7 @@ def _common(q, k, statics: Statics, extras: Operands) -> tuple[dict, dict]:
                    keep_scale=np.float32(rules.dropout_keep_scale(statics.dropout_p)), seq_q=sq, seq_k=sk,
                    lo_off=lo_off, hi_off=hi_off)
     constexprs = dict(H=q.shape[2], KV_H=k.shape[2], HEAD_DIM=q.shape[3], BLOCK_D=block_d(q.shape[3], q.dtype),
-                      BANDED=statics.band.banded, SOFTCAP=statics.softcap > 0, ALIBI=extras.slopes is not None,
-                      SEGMENTS=extras.q_segment_ids is not None,
+                      BANDED=statics.band.banded, SOFTCAP=statics.softcap > 0,
                       DROP_THRESHOLD=rules.dropout_threshold(statics.dropout_p))
     return scalars, constexprs
 
@@ -136,15 +140,14 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
     blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows, _kind(q, k, statics))
     if fp8_inputs:
         v = keys_last(run, target, v)
-    scalars, constexprs = _common(q, k, statics, extras)
+    scalars, constexprs = _common(q, k, statics)
     out, lse = run(_launch(
         fwd.attn_fwd, grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
-        inputs=dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, blocks["BLOCK_M"]), **scalars,
-                    **extras.kernel_args(_params(fwd.attn_fwd))),
+        inputs=dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, blocks["BLOCK_M"]), **scalars),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, jnp.bfloat16 if fp8_inputs else q.dtype),
                     jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
         constexprs={**constexprs, **blocks, "P8_LOG2": fp8.P_LOG2.get(jnp.dtype(q.dtype), 0)},
-        options=options,
+        options=options, extras=extras,
     ))
     return out, lse
 
@@ -154,17 +157,17 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, extras: Opera
     """(dq, dk, dv) for cotangents dout (like out) and dlse (like lse)."""
     b, sq, h, d = q.shape
     sk = k.shape[1]
-    scalars, constexprs = _common(q, k, statics, extras)
+    scalars, constexprs = _common(q, k, statics)
     kind = _kind(q, k, statics)
     # dQ first: it writes delta (b, h, seq_q), which the dK/dV kernel reads
     blocks, options = pick_config(target, "dq", d, q.dtype, rows, kind)
     dq, delta = run(_launch(
         bwd.attn_bwd_dq, grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
         inputs=dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, blocks["BLOCK_M"]), Out=out, dOut=dout,
-                    dLse=dlse, Lse=lse, **scalars, **extras.kernel_args(_params(bwd.attn_bwd_dq))),
+                    dLse=dlse, Lse=lse, **scalars),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
         constexprs={**constexprs, **blocks},
-        options=options,
+        options=options, extras=extras,
     ))
     blocks, options = pick_config(target, "dkdv", d, q.dtype, rows, kind)
     blocks = {"SPLIT": False, **blocks}
@@ -172,9 +175,9 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, extras: Opera
         # one program per key/value head; SPLIT: one for dV, one for dK
         bwd.attn_bwd_dkdv, grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2], 2 if blocks["SPLIT"] else 1),
         inputs=dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse,
-                    Delta=delta, **scalars, **extras.kernel_args(_params(bwd.attn_bwd_dkdv))),
+                    Delta=delta, **scalars),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         constexprs={**constexprs, **blocks},
-        options=options,
+        options=options, extras=extras,
     ))
     return dq, dk, dv

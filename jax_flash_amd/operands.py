@@ -7,7 +7,8 @@ that reads it):
   and get no cotangent;
 - the vmap and sharding rules (_spmd) take each present field's `axes`;
 - a kernel launch passes every field a kernel names in its signature (`param`): the array, or a
-  one-element placeholder of the field's dtype that the kernel's constexprs tell it not to read.
+  one-element placeholder of the field's dtype, and sets the field's constexpr `flag` (if the kernel
+  has it) to whether it is present, so the kernel never reads a placeholder.
 All of them are constants of the call: their cotangent is zero, as in FlashAttention.
 """
 from __future__ import annotations
@@ -25,19 +26,22 @@ class Spec:
     #            heads per key/value head ("(h g)" = query heads), r an axis a device holds whole
     dtype: Any  # what the kernel reads (a same-width bitcast of the array when the dtypes differ)
     param: str  # the kernel parameter it is passed as
+    flag: str | None = None  # a kernel constexpr told whether it is present (None: the kernel knows otherwise)
 
 
-def _field(axes: str, dtype, param: str):
-    return dataclasses.field(default=None, metadata={"spec": Spec(axes, jnp.dtype(dtype), param)})
+def _field(axes: str, dtype, param: str, flag: str | None = None):
+    return dataclasses.field(default=None, metadata={"spec": Spec(axes, jnp.dtype(dtype), param, flag)})
 
 
 @dataclasses.dataclass(frozen=True)
 class Operands:
-    slopes: Any = _field("b (h g)", jnp.float32, "Slopes")  # ALiBi slopes (batch, heads_q)
-    seeds: Any = _field("b (h g) r", jnp.int32, "Seeds")  # dropout Philox keys (batch, heads_q, 2) uint32
-    q_segment_ids: Any = _field("b s", jnp.int32, "QSeg")  # (batch, seq_q)
-    kv_segment_ids: Any = _field("b t", jnp.int32, "KSeg")  # (batch, seq_k)
-    q_descale: Any = _field("b h", jnp.float32, "QDescale")  # fp8 dequantisation factors (batch, heads_kv)
+    slopes: Any = _field("b (h g)", jnp.float32, "Slopes", "ALIBI")  # ALiBi slopes (batch, heads_q)
+    # dropout Philox keys (batch, heads_q, 2) uint32; the rate (Options.dropout_p) tells the kernels
+    seeds: Any = _field("b (h g) r", jnp.int32, "Seeds")
+    q_segment_ids: Any = _field("b s", jnp.int32, "QSeg", "SEGMENTS")  # (batch, seq_q)
+    kv_segment_ids: Any = _field("b t", jnp.int32, "KSeg", "SEGMENTS")  # (batch, seq_k)
+    # fp8 dequantisation factors (batch, heads_kv); the inputs' dtype tells the kernels
+    q_descale: Any = _field("b h", jnp.float32, "QDescale")
     k_descale: Any = _field("b h", jnp.float32, "KDescale")
     v_descale: Any = _field("b h", jnp.float32, "VDescale")
 
@@ -61,6 +65,12 @@ class Operands:
                     x = jax.lax.bitcast_convert_type(x, spec.dtype)
                 args[spec.param] = x
         return args
+
+
+    def kernel_flags(self, params) -> dict[str, bool]:
+        """{constexpr: whether its operand is present} for the flags of `params`."""
+        return {spec.flag: getattr(self, name) is not None for name, spec in SPECS.items()
+                if spec.flag and spec.flag in params}
 
 
 SPECS = {f.name: f.metadata["spec"] for f in dataclasses.fields(Operands)}
