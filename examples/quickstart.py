@@ -1,7 +1,7 @@
 """The main job: run jax_flash_amd.attention forward and backward, check it, and time it.
 
     python examples/quickstart.py            # GPU if there is one, else the CPU
-    python examples/quickstart.py --seq 8192 --causal
+    python examples/quickstart.py --seq 8192 --causal   # a longer causal problem (on a GPU)
 
 On a GPU: the compiled Triton kernels (implementation='triton'; bf16, 16 heads of 128) are checked
 against the pure-JAX reference and timed next to jax.nn.dot_product_attention (XLA, and cuDNN where
@@ -127,7 +127,7 @@ def on_cpu(args) -> bool:
         f"reference;\n"
         f"              not timed: the interpreter runs the kernels in NumPy, its speed says nothing about a GPU")
 
-    say(f"[1/2] xla implementation, timed (each call compiles first) ...")
+    say("[1/2] xla implementation, timed (each call compiles first) ...")
     q, k, v, do = problem((b, n, h, d), jnp.float32)
     c = args.causal
     peers = {"jax_flash_amd (xla)": lambda q, k, v: jax_flash_amd.attention(q, k, v, causal=c,
@@ -144,7 +144,7 @@ def on_cpu(args) -> bool:
         _interpret.check_available()
     except RuntimeError as e:
         say(f"  SKIPPED, the kernels were not checked: {e}")
-        NOTE.append("the Triton kernels were not checked: no torch")
+        NOTE.append("the Triton kernels were not checked, see above")
         return ok
     q, k, v, do = problem((1, cn, 2, d), jnp.float16, seed=1)
     up = [x.astype(jnp.float32) for x in (q, k, v, do)]
