@@ -1,11 +1,13 @@
 """Attention benchmark: jax_flash_amd against its peers, side by side, in one process and one run.
 
-    python -m benchmarks.attention                      # the full suite of ../shared/design.md
+    python -m benchmarks.attention                      # the full suite: every shape below, every peer
     python -m benchmarks.attention --d 128 --n 4096 --causal yes --impls jax_flash_amd,cudnn
     python -m benchmarks.attention --plot-only benchmarks/results/h200.json   # redraw table and plot
 
-Implementations: jax_flash_amd (implementation="triton"), xla and cudnn (jax.nn.dot_product_attention),
-pallas_triton (jax.experimental.pallas.ops.gpu.attention.mha); those that cannot run here are skipped.
+Implementations (the peers): jax_flash_amd (implementation="triton"); xla and cudnn, JAX's own
+jax.nn.dot_product_attention with implementation="xla" / "cudnn"; pallas_triton, JAX's Pallas GPU
+attention (jax.experimental.pallas.ops.gpu.attention.mha). Those that cannot run here are skipped.
+The ratio table judges ours against the TARGETS below (bf16, N >= 1024, D 64 / 128).
 Shapes: 16k tokens per batch (B = 16384 / N), hidden 2048 (H = 2048 / D); plus the long-context case
 (B 1, N 131072, H 16, D 128, causal). FLOPs (FlashAttention convention): forward 4*B*H*N*N*D, halved
 when causal; backward 2.5x forward. Times are medians after warm-up; backward = (forward+backward) -

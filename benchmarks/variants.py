@@ -3,13 +3,13 @@
     python -m benchmarks.variants            # writes benchmarks/results/<gpu>_variants.{json,md}
 
 Each case is a pair (variant, baseline) of jax_flash_amd calls (implementation="triton", bf16) whose time
-ratio has a target (issue 4 of the project):
+ratio has a target (the project's; README "Variants"):
 - GQA 32 query / 8 key-value heads vs 32-head MHA at N 4096, D 128: forward and backward each <= 1.05x;
 - window (1024, 0) vs full causal at N 16384, D 128: forward+backward <= 0.15x;
 - dropout 0.1 vs none at N 4096, D 128: forward+backward <= 1.3x;
 - packed segment ids (4 sequences of N / 4) vs one causal sequence: informational (skipped blocks);
 - fp8 (e4m3fn, inference) forward vs bf16 forward at N 4096 and 16384, D 128: >= 1.4x as fast, i.e. a
-  time ratio <= 0.714 (issue 7).
+  time ratio <= 0.714.
 Times are medians (jax_flash_amd.timing) of the forward and of forward+backward; backward = their difference.
 """
 from __future__ import annotations
