@@ -7,6 +7,8 @@ kernels' error is measured against.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -76,25 +78,62 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     q_segment_ids (B, Sq) / kv_segment_ids (B, Sk) int32: only equal ids attend; dropout_p > 0 with
     dropout_seeds (B, H, 2) uint32 (see dropout_seeds): the kernels' dropout mask, kept values scaled
     by 1 / (1 - rate), rate = rules.dropout_rate(p) (p rounded to a multiple of 1/256); lse is that of
-    the probabilities before dropout. band: the call's rules.Band, when the caller has it (else made
+    the probabilities before dropout. band: the call's rules.Band when the caller has it (else made
     from causal and window_size).
+
+    Gradients (reverse mode, any order; alibi_slopes get none) follow the kernels' backward, kernels/bwd.py:
+    only (q, k, v, out, lse) are saved, P = exp(s - lse) is recomputed, and the softmax backward
+    dS = P * (dP - delta), delta = rowsum(dO * O) - dLse, runs in float32; P and dS are rounded to the
+    input dtype only where the kernels round them, before the dV, dQ and dK dots. (Differentiating the
+    forward instead would round the cotangent of P, so a row that sees one key would get noise where
+    its dq and dk are exactly 0.) Forward-mode differentiation (jax.jvp, jax.jacfwd) of this function
+    alone is not available (a custom_vjp); forward-over-reverse (Hessian-vector products) is.
     """
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    group = q.shape[2] // k.shape[2]
-    if group > 1:  # the O(N^2) reference may copy K/V per query head; the kernels do not
-        k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32, precision=_HIGHEST) * scale
-    if softcap > 0:
-        s = softcap * jnp.tanh(s / softcap)
-    if alibi_slopes is not None:
-        sq, sk = q.shape[1], k.shape[1]
-        dist = jnp.abs(jnp.arange(sq)[:, None] + (sk - sq) - jnp.arange(sk)[None, :]).astype(jnp.float32)
-        s = s - jax.lax.stop_gradient(alibi_slopes)[:, :, None, None] * dist
     if band is None:
-        band = Band.of(causal, window_size, q.shape[1], k.shape[1])
-    seen = band.visible(q.shape[1], k.shape[1])
-    if q_segment_ids is not None:
-        seen = seen & segment_mask(q_segment_ids, kv_segment_ids)
+        band = Band.of(causal, tuple(window_size), q.shape[1], k.shape[1])
+    static = _Static(band, float(scale), float(softcap), float(dropout_p))
+    return _attention(static, q, k, v, alibi_slopes, dropout_seeds, q_segment_ids, kv_segment_ids)
+
+
+class _Static(NamedTuple):
+    """The hashable, non-differentiable options of attention()."""
+    band: Band
+    scale: float
+    softcap: float
+    dropout_p: float
+
+
+def _logits(st: _Static, q, k, slopes, q_ids, kv_ids):
+    """(s, dcap, seen): float32 logits (B, H, Sq, Sk) from dots of the input dtype (k already repeated
+    per query head), d s / d(scale * q.k) (1 - tanh^2 with softcap, else None), and the visibility mask."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32, precision=_HIGHEST) * st.scale
+    dcap = None
+    if st.softcap > 0:
+        t = jnp.tanh(s / st.softcap)
+        s, dcap = st.softcap * t, 1.0 - t * t
+    sq, sk = q.shape[1], k.shape[1]
+    if slopes is not None:
+        dist = jnp.abs(jnp.arange(sq)[:, None] + (sk - sq) - jnp.arange(sk)[None, :]).astype(jnp.float32)
+        s = s - jax.lax.stop_gradient(slopes)[:, :, None, None] * dist
+    seen = st.band.visible(sq, sk)
+    if q_ids is not None:
+        seen = seen & segment_mask(q_ids, kv_ids)
+    return s, dcap, seen
+
+
+def _per_query_head(q, k, v):
+    """k, v repeated to q's heads (the O(N^2) reference may copy them; the kernels do not)."""
+    group = q.shape[2] // k.shape[2]
+    if group > 1:
+        k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+    return k, v
+
+
+def _forward(st: _Static, q, k, v, slopes, seeds, q_ids, kv_ids):
+    """(out, lse), plain JAX (also what second derivatives differentiate)."""
+    k, v = _per_query_head(q, k, v)
+    s, _, seen = _logits(st, q, k, slopes, q_ids, kv_ids)
     s = jnp.where(seen, s, -jnp.inf)
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1))
     m = jnp.where(jnp.isfinite(m), m, 0.0)  # empty rows: exp(-inf - 0) = 0, no NaN
@@ -102,12 +141,57 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     l = jnp.sum(p, axis=-1)
     empty = l == 0.0
     l_safe = jnp.where(empty, 1.0, l)
-    if dropout_p > 0:
-        p = jnp.where(dropout_keep(dropout_seeds, q.shape[1], k.shape[1], dropout_p), p, 0.0)
+    if st.dropout_p > 0:
+        p = jnp.where(dropout_keep(seeds, q.shape[1], k.shape[1], st.dropout_p), p, 0.0)
     acc = jnp.einsum("bhqk,bkhd->bqhd", p.astype(q.dtype), v, preferred_element_type=jnp.float32,
                      precision=_HIGHEST)
     out = acc / jnp.transpose(l_safe, (0, 2, 1))[..., None]
-    if dropout_p > 0:
-        out = out * dropout_keep_scale(dropout_p)
+    if st.dropout_p > 0:
+        out = out * dropout_keep_scale(st.dropout_p)
     lse = jnp.where(empty, -jnp.inf, m + jnp.log(l_safe))
     return out.astype(q.dtype), lse
+
+
+_attention = jax.custom_vjp(_forward, nondiff_argnums=(0,))
+
+
+def _attention_fwd(st: _Static, q, k, v, slopes, seeds, q_ids, kv_ids):
+    out, lse = _forward(st, q, k, v, slopes, seeds, q_ids, kv_ids)
+    return (out, lse), (q, k, v, slopes, seeds, q_ids, kv_ids, out, lse)
+
+
+def _attention_bwd(st: _Static, res, cotangents):
+    """The kernels' backward (kernels/bwd.py) in plain JAX, so it can be differentiated again."""
+    q, k_in, v_in, slopes, seeds, q_ids, kv_ids, out, lse = res
+    dout, dlse = cotangents
+    dtype = q.dtype
+    k, v = _per_query_head(q, k_in, v_in)
+    s, dcap, seen = _logits(st, q, k, slopes, q_ids, kv_ids)
+    # P = exp(s - lse) in float32; masked before exp, so neither P nor its derivatives see inf - inf
+    # (rows that see no key have lse = -inf and P = 0)
+    seen = seen & jnp.isfinite(lse)[..., None]
+    p = jnp.exp(jnp.where(seen, s - jnp.where(seen, lse[..., None], 0.0), -jnp.inf))
+    dp = jnp.einsum("bqhd,bkhd->bhqk", dout, v, preferred_element_type=jnp.float32, precision=_HIGHEST)
+    pd = p
+    if st.dropout_p > 0:  # the forward's mask: Pd = P * keep * keep_scale feeds dV, and dP is masked alike
+        kept, keep_scale = dropout_keep(seeds, q.shape[1], k.shape[1], st.dropout_p), dropout_keep_scale(st.dropout_p)
+        pd = jnp.where(kept, p * keep_scale, 0.0)
+        dp = jnp.where(kept, dp * keep_scale, 0.0)
+    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # (B, Sq, H)
+    delta = jnp.transpose(delta, (0, 2, 1)) - dlse
+    ds = p * (dp - delta[..., None])
+    if dcap is not None:  # through softcap's tanh
+        ds = ds * dcap
+    ds = ds.astype(dtype)
+    dv = jnp.einsum("bhqk,bqhd->bkhd", pd.astype(dtype), dout, preferred_element_type=jnp.float32,
+                    precision=_HIGHEST)
+    dq = jnp.einsum("bhqk,bkhd->bqhd", ds, k, preferred_element_type=jnp.float32, precision=_HIGHEST) * st.scale
+    dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q, preferred_element_type=jnp.float32, precision=_HIGHEST) * st.scale
+    b, sk, h, d = dk.shape
+    group = h // k_in.shape[2]
+    if group > 1:  # a key/value head's gradient sums over the query heads that read it (in float32)
+        dk, dv = (x.reshape(b, sk, h // group, group, d).sum(3) for x in (dk, dv))
+    return dq.astype(dtype), dk.astype(k_in.dtype), dv.astype(v_in.dtype), None, None, None, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
