@@ -111,12 +111,13 @@ def _forward(opts: Options, treedef, q, k, v, *leaves):
 
 
 def _backward(opts: Options, treedef, q, k, v, *rest):
-    *leaves, out, lse, dout, dlse = rest
+    *leaves, out, lse2, dout, dlse = rest
     run, target = backend(opts.implementation)
-    return _launch.backward(run, target, q, k, v, out, lse, dout, dlse, jax.tree.unflatten(treedef, leaves),
+    return _launch.backward(run, target, q, k, v, out, lse2, dout, dlse, jax.tree.unflatten(treedef, leaves),
                             statics=opts.statics, rows=_rows(opts, run, target, q, k, ("dkdv", "dq")))
 
 
+LN2 = 0.6931471805599453
 ONCE = ("jax_flash_amd.attention's kernels are differentiable once (their backward is a Triton kernel "
         "with no derivative of its own). For higher-order derivatives use implementation='xla'.")
 
@@ -152,17 +153,24 @@ def _calls(q, k, extras: Operands, opts: Options):
     return _kernel_calls(opts, q.shape[2] // k.shape[2], jax.tree.structure(extras))
 
 
+def _forward_call(q, k, v, extras: Operands, opts: Options):
+    """(out, lse2) of the forward kernel: lse in base 2, as the backward kernels read it."""
+    out, lse2 = _calls(q, k, extras, opts)[0](q, k, v, *jax.tree.leaves(extras))
+    return _spmd.match_varying(out, q, k, v), _spmd.match_varying(lse2, q, k, v)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def flash_attention(q, k, v, extras: Operands, opts: Options):
-    """(out, lse) through the Triton kernels; differentiable in q, k, v (also through lse), except for
-    float8 inputs (forward only). extras: the optional operands, constants (zero cotangent)."""
-    out, lse = _calls(q, k, extras, opts)[0](q, k, v, *jax.tree.leaves(extras))
-    return _spmd.match_varying(out, q, k, v), _spmd.match_varying(lse, q, k, v)
+    """(out, lse) through the Triton kernels, lse natural; differentiable in q, k, v (also through lse),
+    except for float8 inputs (forward only). extras: the optional operands, constants (zero cotangent)."""
+    out, lse2 = _forward_call(q, k, v, extras, opts)
+    return out, lse2 * np.float32(LN2)
 
 
 def _fwd_rule(q, k, v, extras, opts: Options):
-    out, lse = flash_attention(q, k, v, extras, opts)
-    return (out, lse), (q, k, v, extras, out, lse)
+    out, lse2 = _forward_call(q, k, v, extras, opts)
+    # the backward gets the forward's base-2 lse itself, not lse rounded through the natural log
+    return (out, lse2 * np.float32(LN2)), (q, k, v, extras, out, lse2)
 
 
 def _zero_cotangent(x):
@@ -172,11 +180,11 @@ def _zero_cotangent(x):
 
 
 def _bwd_rule(opts: Options, residuals, cotangents):
-    q, k, v, extras, out, lse = residuals
+    q, k, v, extras, out, lse2 = residuals
     if fp8.is_fp8(q.dtype):
         raise TypeError(fp8.NO_GRADIENT)
     dout, dlse = cotangents
-    dq, dk, dv = _calls(q, k, extras, opts)[1](q, k, v, *jax.tree.leaves(extras), out, lse,
+    dq, dk, dv = _calls(q, k, extras, opts)[1](q, k, v, *jax.tree.leaves(extras), out, lse2,
                                                dout.astype(out.dtype), dlse)
     like = (q, k, v, dout, dlse)  # inside shard_map: the cotangents must vary as the primals do
     return (_spmd.match_varying(dq, *like), _spmd.match_varying(dk, *like), _spmd.match_varying(dv, *like),

@@ -133,8 +133,9 @@ def keys_last(run: Run, target: str, v):
 
 
 def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, statics: Statics, rows=None):
-    """(out, lse): out like q (bfloat16 for fp8 inputs), lse (batch, heads, seq_q) float32, natural log.
-    rows: {kernel: config row} overriding the defaults (autotuning)."""
+    """(out, lse2): out like q (bfloat16 for fp8 inputs), lse2 (batch, heads, seq_q) float32 in base 2
+    (what backward takes; lse = lse2 * ln 2). rows: {kernel: config row} overriding the defaults
+    (autotuning)."""
     b, sq, h, _ = q.shape
     fp8_inputs = fp8.is_fp8(q.dtype)
     blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows, _kind(q, k, statics))
@@ -152,9 +153,9 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
     return out, lse
 
 
-def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, extras: Operands = Operands(), *,
+def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Operands = Operands(), *,
              statics: Statics, rows=None):
-    """(dq, dk, dv) for cotangents dout (like out) and dlse (like lse)."""
+    """(dq, dk, dv) for cotangents dout (like out) and dlse (of the natural lse); lse2 as forward returns it."""
     b, sq, h, d = q.shape
     sk = k.shape[1]
     scalars, constexprs = _common(q, k, statics)
@@ -164,7 +165,7 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, extras: Opera
     dq, delta = run(_launch(
         bwd.attn_bwd_dq, grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
         inputs=dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, blocks["BLOCK_M"]), Out=out, dOut=dout,
-                    dLse=dlse, Lse=lse, **scalars),
+                    dLse=dlse, Lse=lse2, **scalars),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
         constexprs={**constexprs, **blocks},
         options=options, extras=extras,
@@ -174,7 +175,7 @@ def backward(run: Run, target: str, q, k, v, out, lse, dout, dlse, extras: Opera
     dk, dv = run(_launch(
         # one program per key/value head; SPLIT: one for dV, one for dK
         bwd.attn_bwd_dkdv, grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2], 2 if blocks["SPLIT"] else 1),
-        inputs=dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse,
+        inputs=dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,
                     Delta=delta, **scalars),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         constexprs={**constexprs, **blocks},

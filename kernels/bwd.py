@@ -5,7 +5,8 @@ SPLIT (wide heads): dV and dK come from separate programs (grid axis 2), each ho
 accumulator instead of two; both compute P (five matrix products per tile instead of four).
 With p = exp(s - lse):  dV = P^T dO,  dS = P * (dO V^T - delta),  dQ = scale dS K,  dK = scale dS^T Q,
 where delta = rowsum(dO * O) - dLse (a cotangent on lse adds P * dLse to dS).
-Layouts as in fwd.py; Lse, dLse, Delta are (batch, H, seq_q) fp32. Grouped-query attention: a dK/dV
+Layouts as in fwd.py; Lse (base 2, as the forward writes it), dLse (the cotangent of the natural lse),
+Delta are (batch, H, seq_q) fp32. Grouped-query attention: a dK/dV
 program owns one key/value head and sums over the H // KV_H query heads that read it (in its loop, so
 still no atomics).
 Dropout (dropout.py) regenerates the forward's keep mask: with Pd = P * keep * keep_scale,
@@ -16,14 +17,14 @@ import triton.language as tl
 
 from .dropout import keep, load_seed
 from .masking import head_start, key_blocks, load_ids, load_tile, query_blocks, span_block, span_blocks, store_tile
-from .scores import LOG2E, scores
+from .scores import scores
 
 
 @triton.jit
 def _lse2(Lse, row0, offs_m, seq_q):
-    """lse in base 2, [BM] fp32: +inf for rows that see no key, so their P is 0."""
+    """lse in base 2 (as the forward stores it), [BM] fp32: +inf for rows that see no key, so their P is 0."""
     lse = tl.load(Lse + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
-    return tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    return tl.where(lse == float("-inf"), float("inf"), lse)
 
 
 @triton.jit

@@ -2,7 +2,7 @@
 
 Layout: q, out (batch, seq_q, H, HEAD_DIM); k, v (batch, seq_k, KV_H, HEAD_DIM), contiguous, so the
 row strides H * HEAD_DIM and KV_H * HEAD_DIM are compile-time constants (aligned vector loads); lse
-(batch, H, seq_q) fp32, natural log. Grouped-query attention: query head h reads key/value head
+(batch, H, seq_q) fp32, in base 2 (log2 of the row sums of 2^(log2(e) logits)). Grouped-query attention: query head h reads key/value head
 h // (H // KV_H), in place (no copy per query head). One program per (query block, batch * H).
 Dropout (DROP_THRESHOLD > 0, dropout.py) zeroes probabilities after the row sums are taken, and the
 output is scaled by keep_scale = 1 / (1 - rate).
@@ -21,7 +21,7 @@ import triton.language as tl
 
 from .dropout import keep, load_seed
 from .masking import head_start, key_blocks, load_ids, load_tile, span_block, span_blocks, store_tile
-from .scores import LN2, scores
+from .scores import scores
 
 
 @triton.jit
@@ -132,7 +132,10 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
         out = out * keep_scale
     if P8_LOG2 > 0:
         out = out * v_descale
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i)) - P8_LOG2) * LN2)
+    # lse in base 2, as the backward reads it (jax_flash_amd/_dispatch.py returns it times ln 2): a round
+    # trip through the natural log would cost two float32 roundings at |lse| up to hundreds, which the
+    # backward's P = exp2(s - lse2) takes as relative error (issue 25: half of float32 dV's error)
+    lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)) - P8_LOG2)
     store_tile(Out + q_start, out, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM,
                BLOCK_D != HEAD_DIM)
     tl.store(Lse + bh.to(tl.int64) * seq_q + offs_m, lse, mask=offs_m < seq_q)
