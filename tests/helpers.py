@@ -8,7 +8,8 @@ import pytest
 
 import jax_flash_amd
 import oracle
-from conftest import ON_GPU
+
+ON_GPU = jax.default_backend() != "cpu"
 
 # The kernels run as "triton" on a GPU (marked gpu) and as "interpret" on the CPU.
 KERNEL_IMPLS = [
