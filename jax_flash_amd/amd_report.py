@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -187,7 +188,8 @@ def compile_row(arch: str, head_dim: int, dtype: str, causal: bool, kernel: str)
     return row
 
 
-def report(archs, head_dims, dtypes, jobs: int) -> list[Row]:
+def work_items(archs, head_dims, dtypes) -> list[tuple]:
+    """(arch, head_dim, dtype, causal, kernel) of every kernel the report compiles, in table order."""
     work = []
     for arch in archs:
         for head_dim in head_dims:
@@ -197,11 +199,49 @@ def report(archs, head_dims, dtypes, jobs: int) -> list[Row]:
                         work.append((arch, head_dim, dtype, causal, kernel))
             for fp8_type in sorted(t.name for t in fp8.SUPPORTED[_target(arch)]):  # the fp8 forward
                 work += [(arch, head_dim, fp8_type, causal, "fwd") for causal in (False, True)]
+    return work
+
+
+def report(archs, head_dims, dtypes, jobs: int) -> list[Row]:
+    work = work_items(archs, head_dims, dtypes)
     # launches hold the kernels, which do not pickle: each worker records them again. Workers are
     # spawned, not forked: a fork of a process that has started JAX's threads can deadlock.
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")
-                                                ) as pool:
-        return list(pool.map(compile_row, *zip(*work)))
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                                  initializer=_die_with_parent, initargs=(os.getpid(),))
+    try:
+        futures = {pool.submit(compile_row, *args): i for i, args in enumerate(work)}
+        rows = [None] * len(work)
+        print(f"amd_report: compiling {len(work)} kernels on {jobs} worker(s)", file=sys.stderr, flush=True)
+        start = last = time.monotonic()
+        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            rows[futures[future]] = future.result()
+            now = time.monotonic()
+            # a full run takes many minutes: say how far it is, every ~10 s and at the end
+            if now - last >= 10 or done == len(work):
+                print(f"amd_report: {done}/{len(work)} kernels compiled ({now - start:.0f} s)", file=sys.stderr,
+                      flush=True)
+                last = now
+    except BaseException:
+        # an error or Ctrl-C: do not wait for the queued compiles, stop the workers now
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.kill()
+        raise
+    pool.shutdown()
+    return rows
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Worker initializer: on Linux the kernel kills this worker when the process that started it dies,
+    however it dies (kill -9, a test's timeout), so no compile outlives its report."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the line above took effect
+        os._exit(1)
 
 
 def format_table(rows: list[Row]) -> str:

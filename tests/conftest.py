@@ -4,6 +4,5 @@ import os
 
 import jax
 
-ON_GPU = jax.default_backend() != "cpu"
-if not ON_GPU:
+if jax.default_backend() == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")

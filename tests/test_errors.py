@@ -9,9 +9,7 @@ import numpy as np
 import pytest
 
 import jax_flash_amd
-
-from conftest import ON_GPU
-from helpers import KERNEL_IMPLS
+from helpers import KERNEL_IMPLS, ON_GPU
 
 Q = jnp.zeros((1, 8, 2, 16), jnp.float16)
 KEY = jax.random.key(0)

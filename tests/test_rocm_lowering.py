@@ -1,8 +1,10 @@
 """jax-triton's real ROCm lowering of every kernel, on the CPU, at the default configs of gfx90a, gfx942
 and gfx950: an hsaco comes out, and the AMD compile options of kernels/configs.py reach it.
 
-Needs Python 3.12 (jax-triton 0.4.x): the fixture builds a venv with the pinned ROCm stack once (about
-2 GB, reused from the temp dir) and runs tests/rocm_lowering.py in it."""
+Opt-in (marker rocm_lowering: `python -m pytest tests -m rocm_lowering`; .ci/run runs it): it needs a
+Python 3.12 interpreter (jax-triton 0.4.x) and builds a venv with the pinned ROCm stack (PINS) in the
+temp dir, /tmp/jax_flash_amd-rocm-<hash>: 2.1 GB, downloaded once and reused by later runs (delete
+it to get the space back). It then runs tests/rocm_lowering.py in it."""
 import glob
 import hashlib
 import json
@@ -12,6 +14,8 @@ import subprocess
 import tempfile
 
 import pytest
+
+pytestmark = pytest.mark.rocm_lowering
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The pair that passes AMD options through (see _jax_triton_compat.RECOMMENDED), CPU-installable.
@@ -32,7 +36,8 @@ def _python312():
 def rocm_python():
     exe = _python312()
     if exe is None:
-        pytest.skip("no Python 3.12 interpreter found (jax-triton 0.4.x, which passes AMD options, needs it)")
+        pytest.skip("no Python 3.12 interpreter found (jax-triton 0.4.x, which passes AMD options, needs it); "
+                    "with one, this test builds a 2.1 GB venv in the temp dir")
     env_dir = os.path.join(tempfile.gettempdir(), "jax_flash_amd-rocm-" + hashlib.sha1(" ".join(PINS).encode()).hexdigest()[:10])
     python = os.path.join(env_dir, "bin", "python")
     if not os.path.exists(os.path.join(env_dir, ".complete")):
