@@ -109,9 +109,14 @@ def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: f
         return (out, lse) if return_lse else out
     if impl != "xla":
         api._check_kernel_limits(q, k)
+    extras = Operands(q_segment_ids=q_ids, kv_segment_ids=kv_ids)
+    if n == 1:  # a ring of one device is plain attention: no merge, no accumulators, no overhead
+        out, lse = _dispatch.attention(q, k, v, extras, _dispatch.Options(
+            implementation=impl, softmax_scale=scale, softcap=softcap, band=Band.of(causal, (-1, -1), sq, sk)))
+        return (out, lse) if return_lse else out
     cfg = _Ring(axis_name=axis_name, size=n, causal=causal, layout=layout if causal else "contiguous",
                 opts=_dispatch.Options(implementation=impl, softmax_scale=scale, softcap=softcap))
-    out, lse = _ring(q, k, v, Operands(q_segment_ids=q_ids, kv_segment_ids=kv_ids), cfg)
+    out, lse = _ring(q, k, v, extras, cfg)
     return (out, lse) if return_lse else out
 
 
