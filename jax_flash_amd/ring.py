@@ -237,10 +237,10 @@ def _merge(out_a, lse_a, out_b, lse_b):
 
 
 def _forward(cfg: _Ring, q, k, v, extras: Operands):
-    b, sq, h, _ = q.shape
-    sk = k.shape[1]
-    acc = (_spmd.match_varying(jnp.zeros(q.shape, jnp.float32), q, k, v),
-           _spmd.match_varying(jnp.full((b, h, sq), -jnp.inf, jnp.float32), q, k, v))
+    sq, sk = q.shape[1], k.shape[1]
+    # *_like: the accumulators keep q's type (sharding of axes left Explicit by a partial shard_map)
+    rows = jnp.transpose(jnp.full_like(q[..., 0], -jnp.inf, dtype=jnp.float32), (0, 2, 1))  # (b, h, sq)
+    acc = (_spmd.match_varying(jnp.zeros_like(q, dtype=jnp.float32), q, k, v), _spmd.match_varying(rows, q, k, v))
 
     def attend(kind, kv, acc):
         k, v, kv_ids = kv
@@ -307,7 +307,7 @@ def _backward(cfg: _Ring, residuals, cotangents):
     sq, sk = q.shape[1], k.shape[1]
 
     def zeros(x):
-        return _spmd.match_varying(jnp.zeros(x.shape, jnp.float32), *like)
+        return _spmd.match_varying(jnp.zeros_like(x, dtype=jnp.float32), *like)
 
     def accumulate(kind, kv, dkv, dq):
         k, v, kv_ids = kv
