@@ -314,8 +314,9 @@ def _backward(cfg: _Ring, residuals, cotangents):
         dk, dv = dkv
         blocks = dataclasses.replace(extras, kv_segment_ids=kv_ids)
         for qs, ks, causal in _pieces(kind, sq, sk):
+            opts = _options(cfg, causal, qs.stop - qs.start, ks.stop - ks.start)
             g = _step_backward(q[:, qs], k[:, ks], v[:, ks], _sub(blocks, qs, ks), out[:, qs], lse[:, :, qs],
-                               dout[:, qs], dlse[:, :, qs], _options(cfg, causal, qs.stop - qs.start, ks.stop - ks.start))
+                               dout[:, qs], dlse[:, :, qs], opts)
             g = [_spmd.match_varying(x.astype(jnp.float32), *like) for x in g]
             dq, dk, dv = dq.at[:, qs].add(g[0]), dk.at[:, ks].add(g[1]), dv.at[:, ks].add(g[2])
         return (dk, dv), dq
