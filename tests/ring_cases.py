@@ -263,3 +263,26 @@ def test_errors(kw, error, match):
 def test_exported():
     assert jax_flash_amd.ring_attention is ring.ring_attention
     assert jax_flash_amd.zigzag is ring.zigzag and jax_flash_amd.unzigzag is ring.unzigzag
+
+
+@pytest.mark.parametrize("layout, launches", [("contiguous", 4 + 6), ("zigzag", 4 + 12)])
+def test_causal_blocks_after_ours_are_skipped(monkeypatch, layout, launches):
+    """Forward kernel launches of a causal ring over 4 devices, counted in the interpreter: contiguous,
+    each device computes its diagonal and only the blocks before it (4 + 3+2+1+0, not 16); zig-zag, every
+    device launches once per step (4 + 4 * 3), each off-diagonal launch on half the pairs."""
+    from jax_flash_amd import _interpret
+    seen = []
+    call = _interpret._call_on_host
+
+    def counting(launch, *args):
+        seen.append(launch.kernel.__name__)
+        return call(launch, *args)
+
+    monkeypatch.setattr(_interpret, "_call_on_host", counting)
+    q = jnp.ones((1, 4 * 16, 2, D))
+    spec = P(None, "seq")
+    f = jax.jit(jax.shard_map(lambda q: ring.ring_attention(q, q, q, axis_name="seq", causal=True, layout=layout,
+                                                            implementation="interpret"),
+                              mesh=_mesh(4), in_specs=spec, out_specs=spec))
+    jax.block_until_ready(f(q))
+    assert seen.count("attn_fwd") == launches, seen
