@@ -104,8 +104,9 @@ def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: f
         raise ValueError(f"layout='zigzag' holds two equal chunks per device: the local sequence length must "
                          f"be even; got {sq}")
     if q.size == 0 or sk == 0:  # nothing to attend to: as attention, no launch (and no collective)
-        out = jnp.zeros(q.shape, q.dtype)
-        lse = jnp.full((q.shape[0], q.shape[2], sq), -jnp.inf, jnp.float32)
+        out = _spmd.match_varying(jnp.zeros_like(q), q, k, v)
+        lse = _spmd.match_varying(jnp.transpose(jnp.full_like(q[..., 0], -jnp.inf, dtype=jnp.float32), (0, 2, 1)),
+                                  q, k, v)
         return (out, lse) if return_lse else out
     if impl != "xla":
         api._check_kernel_limits(q, k)
