@@ -247,7 +247,7 @@ def test_zigzag_layout():
     (dict(causal=True, layout="zigzag", axis_name="seq", _local=(7, 7)), ValueError, "even"),
     (dict(causal=True, _local=(8, 12)), ValueError, "equal"),
     (dict(axis_name="nope"), NameError, "nope"),
-])
+], ids=["window", "alibi", "dropout", "layout", "zigzag-odd-shard", "causal-unequal-shards", "unbound-axis"])
 def test_errors(kw, error, match):
     kw = dict(kw)
     sq, sk = kw.pop("_local", (8, 8))
