@@ -1,0 +1,343 @@
+"""Ring attention (context parallelism): attention over a sequence split across the devices of one mesh
+axis, called inside `shard_map`. Memory per device stays O(N / devices); only K/V blocks (and, in the
+backward, their gradients) travel, device d -> d + 1, with `lax.ppermute`.
+
+Forward. Device i holds its queries for the whole call and the K/V block of device (i - s) mod n at step
+s. Each step attends the local queries to the block in hand with the kernels (return_lse) and merges
+the partial (out, lse) exactly: lse = logaddexp(lse_a, lse_b), out = out_a e^(lse_a - lse) +
+out_b e^(lse_b - lse), in float32. The block for the next step is sent before the step computes, so
+the transfer can overlap the kernel.
+
+Backward (custom_vjp; residuals only the local q, k, v, out, lse and ids). The kernels' backward takes
+(out, lse) as inputs: called per step with the *global* (merged) out and lse it recomputes that step's
+probabilities exactly (P = exp(s - lse)) and delta = rowsum(dO * O) - dlse, so it returns exactly the
+step's share of dq and of the block's dk/dv; no per-step output is saved. dq accumulates locally; dk/dv
+(float32) travel with their K/V block and, after the n-th hop, are home. Fixed order: deterministic.
+
+Causal, equal chunks. Contiguous layout (device i holds chunk i): the block of device j is fully
+visible (j < i), causal within the pair (j == i, step 0) or invisible (j > i, skipped: no compute), so
+device n-1 works n times as long as device 0. Zig-zag layout (device i holds chunks i and 2n-1-i, see
+`zigzag`): step 0 is one causal call over the local pair; at every other step a device attends either
+all its queries to the first half of the block (j < i) or the second half of its queries to the whole
+block (j > i): equal work everywhere. The device index is traced, so `lax.cond` picks between the
+static calls.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jax_flash_amd import _dispatch, _spmd, api, fp8
+from jax_flash_amd.operands import Operands
+from jax_flash_amd.rules import Band
+
+LAYOUTS = ("contiguous", "zigzag")
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: float | None = None,
+                   softcap: float = 0.0, q_segment_ids=None, kv_segment_ids=None, layout: str = "contiguous",
+                   return_lse: bool = False, implementation: str | None = None, window_size=(-1, -1),
+                   alibi_slopes=None, dropout_p: float = 0.0, dropout_rng=None):
+    """Exact attention over a sequence sharded along mesh axis `axis_name`; call inside `jax.shard_map`.
+
+    Args:
+      q, k, v: this device's shard: (batch, seq_q / n, heads_q, head_dim) and (batch, seq_k / n,
+        heads_kv, head_dim), n = the size of axis_name; heads_q a multiple of heads_kv (GQA). Shards in
+        the order of `layout`.
+      axis_name: the mesh axis the sequence is split over (every device of it holds one shard).
+      causal: query position p sees key position p' iff p' <= p (global positions; needs seq_q == seq_k).
+      softmax_scale, softcap, implementation: as in `jax_flash_amd.attention`.
+      q_segment_ids, kv_segment_ids: this device's (batch, seq / n) ids, as in `attention` (kv ids travel
+        with their K/V block).
+      layout: how global positions are laid over the devices (matters only when causal).
+        "contiguous": device i holds positions [i S/n, (i+1) S/n). Causal work is unbalanced (device i
+        computes i + 1 blocks of n).
+        "zigzag": the sequence in 2n equal chunks, device i holds chunks i and 2n-1-i (in that order):
+        every device does the same causal work. `zigzag(x, n, axis)` puts a global array in this order
+        (shard it afterwards), `unzigzag` undoes it.
+      return_lse: also return the logsumexp (batch, heads_q, seq_q / n), float32, natural log, in the
+        layout's order.
+      window_size, alibi_slopes, dropout_p: not supported yet (they need each block's global position
+        offset inside the kernels); anything but the default raises NotImplementedError.
+
+    Returns:
+      out (this device's shard, q's shape and dtype), or (out, lse) when return_lse. Differentiable in q,
+      k and v (also through lse); gradients are as unsharded `attention`'s, deterministic.
+
+    Example:
+      >>> spec = P(None, "seq")  # shard the sequence axis over mesh axis "seq"
+      >>> f = jax.shard_map(lambda q, k, v: ring_attention(q, k, v, axis_name="seq", causal=True,
+      ...                   layout="zigzag"), mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
+      >>> out = unzigzag(f(*(zigzag(x, mesh.shape["seq"], axis=1) for x in (q, k, v))), mesh.shape["seq"], 1)
+    """
+    unsupported = {"window_size": tuple(window_size) != (-1, -1), "alibi_slopes": alibi_slopes is not None,
+                   "dropout_p": dropout_p != 0 or dropout_rng is not None}
+    for name, given in unsupported.items():
+        if given:
+            raise NotImplementedError(
+                f"ring_attention does not support {name} yet: across ring steps it needs each K/V block's "
+                f"global position offset inside the kernels. Use jax_flash_amd.attention on an unsharded "
+                f"sequence for {name}.")
+    q, k, v = api._check_arrays(q, k, v)
+    if fp8.is_fp8(q.dtype):
+        raise NotImplementedError("ring_attention does not support float8 inputs yet (use float16, bfloat16 or "
+                                  "float32)")
+    for name, flag in (("causal", causal), ("return_lse", return_lse)):
+        api._check_flag(name, flag)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
+    softcap = api._check_softcap(softcap)
+    scale = api._check_scale(softmax_scale, q.shape[-1])
+    q_ids, kv_ids = api._check_segment_ids(q_segment_ids, kv_segment_ids, q.shape[:2], k.shape[:2])
+    impl = _dispatch.choose_implementation(implementation)
+    n = _axis_size(axis_name)
+    sq, sk = q.shape[1], k.shape[1]
+    if causal and sq != sk:
+        raise ValueError(f"causal ring_attention needs equal query and key shards; got seq_q / n = {sq}, "
+                         f"seq_k / n = {sk}")
+    if causal and layout == "zigzag" and sq % 2:
+        raise ValueError(f"layout='zigzag' holds two equal chunks per device: the local sequence length must "
+                         f"be even; got {sq}")
+    if q.size == 0 or sk == 0:  # nothing to attend to: as attention, no launch (and no collective)
+        out = _spmd.match_varying(jnp.zeros_like(q), q, k, v)
+        lse = _spmd.match_varying(jnp.transpose(jnp.full_like(q[..., 0], -jnp.inf, dtype=jnp.float32), (0, 2, 1)),
+                                  q, k, v)
+        return (out, lse) if return_lse else out
+    if impl != "xla":
+        api._check_kernel_limits(q, k)
+    extras = Operands(q_segment_ids=q_ids, kv_segment_ids=kv_ids)
+    if n == 1:  # a ring of one device is plain attention: no merge, no accumulators, no overhead
+        out, lse = _dispatch.attention(q, k, v, extras, _dispatch.Options(
+            implementation=impl, softmax_scale=scale, softcap=softcap, band=Band.of(causal, (-1, -1), sq, sk)))
+        return (out, lse) if return_lse else out
+    cfg = _Ring(axis_name=axis_name, size=n, causal=causal, layout=layout if causal else "contiguous",
+                opts=_dispatch.Options(implementation=impl, softmax_scale=scale, softcap=softcap))
+    out, lse = _ring(q, k, v, extras, cfg)
+    return (out, lse) if return_lse else out
+
+
+def _axis_size(axis_name) -> int:
+    try:
+        return jax.lax.axis_size(axis_name)
+    except NameError as e:
+        raise NameError(f"ring_attention(axis_name={axis_name!r}): no such mesh axis is bound here. Call "
+                        "ring_attention inside jax.shard_map over a mesh with that axis, with the sequence "
+                        "axis of q, k, v split over it.") from e
+
+
+def zigzag(x, n: int, axis: int = 1):
+    """x with its `axis` cut in 2n equal chunks reordered 0, 2n-1, 1, 2n-2, ..., n-1, n: sharded over n
+    devices afterwards, device i holds chunks i and 2n-1-i (ring_attention's layout="zigzag")."""
+    return _reorder(x, n, axis, [c for i in range(n) for c in (i, 2 * n - 1 - i)])
+
+
+def unzigzag(x, n: int, axis: int = 1):
+    """The inverse of `zigzag`: the sequence back in its natural order."""
+    order = [c for i in range(n) for c in (i, 2 * n - 1 - i)]
+    return _reorder(x, n, axis, sorted(range(2 * n), key=order.__getitem__))
+
+
+def _reorder(x, n: int, axis: int, order):
+    axis = axis % x.ndim
+    if x.shape[axis] % (2 * n):
+        raise ValueError(f"zigzag over {n} devices cuts the axis in {2 * n} equal chunks: its length "
+                         f"{x.shape[axis]} must be a multiple of {2 * n}")
+    chunks = x.reshape(*x.shape[:axis], 2 * n, x.shape[axis] // (2 * n), *x.shape[axis + 1:])
+    return jnp.take(chunks, jnp.asarray(order), axis=axis).reshape(x.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ring:
+    axis_name: Any
+    size: int  # devices along axis_name
+    causal: bool
+    layout: str  # "contiguous" for every non-causal call (the layout changes nothing there)
+    opts: _dispatch.Options  # the band is set per call (_pieces)
+
+
+# A step is one of these kinds; each is a list of static calls (query slice, key slice, causal) over the
+# local positions (half: the first of the two zig-zag chunks).
+def _pieces(kind: str, sq: int, sk: int):
+    every_q, every_k = slice(0, sq), slice(0, sk)
+    return {"diagonal": [(every_q, every_k, True)],  # step 0 of a causal ring, both layouts
+            "full": [(every_q, every_k, False)],
+            "skip": [],  # contiguous, block after ours: invisible
+            "lower": [(every_q, slice(0, sk // 2), False)],  # zig-zag, j < i: our two chunks see its first
+            "upper": [(slice(sq // 2, sq), every_k, False)],  # zig-zag, j > i: our second chunk sees both
+            }[kind]
+
+
+def _by_step(cfg: _Ring, s, fn, *operands):
+    """fn(kind, *operands) for the kind of step s (a Python int or traced): the block in hand is
+    device j = (i - s) mod n's."""
+    if isinstance(s, int) and s == 0:
+        return fn("diagonal" if cfg.causal else "full", *operands)
+    if not cfg.causal:
+        return fn("full", *operands)
+    i = jax.lax.axis_index(cfg.axis_name)
+    j = (i - s) % cfg.size
+    before, after = ("lower", "upper") if cfg.layout == "zigzag" else ("full", "skip")
+    return jax.lax.cond(j < i, functools.partial(fn, before), functools.partial(fn, after), *operands)
+
+
+def _circulate(cfg: _Ring, fixed, moving, local, step):
+    """Runs step(s, fixed, moving, local) -> (moving, local) for s = 0 .. n-1 while the pytrees `fixed`
+    (K/V and their ids: sent on before each step computes, so the transfer overlaps it) and `moving`
+    (what a step accumulates into the block: sent after it) travel d -> d + 1. `moving` makes n hops,
+    so it ends on the device it started on. Returns (moving, local)."""
+    n = cfg.size
+    perm = [(d, (d + 1) % n) for d in range(n)]
+
+    def send(tree):
+        return jax.tree.map(lambda x: jax.lax.ppermute(x, cfg.axis_name, perm), tree)
+
+    if n == 1:
+        return step(0, fixed, moving, local)
+    nxt = send(fixed)
+    moving, local = step(0, fixed, moving, local)
+    carry = (nxt, send(moving), local)
+
+    def body(carry, s):
+        fixed, moving, local = carry
+        nxt = send(fixed)
+        moving, local = step(s, fixed, moving, local)
+        return (nxt, send(moving), local), None
+
+    if n > 2:  # steps 1 .. n-2 in a loop (compile time independent of n)
+        carry, _ = jax.lax.scan(body, carry, jnp.arange(1, n - 1))
+    fixed, moving, local = carry
+    moving, local = step(n - 1, fixed, moving, local)  # the last block goes nowhere: no send of K/V
+    return send(moving), local
+
+
+def _sub(extras: Operands, qs: slice, ks: slice) -> Operands:
+    if extras.q_segment_ids is None:
+        return extras
+    return Operands(q_segment_ids=extras.q_segment_ids[:, qs], kv_segment_ids=extras.kv_segment_ids[:, ks])
+
+
+def _options(cfg: _Ring, causal: bool, sq: int, sk: int) -> _dispatch.Options:
+    return dataclasses.replace(cfg.opts, band=Band.of(causal, (-1, -1), sq, sk))
+
+
+def _merge(out_a, lse_a, out_b, lse_b):
+    """Exact merge of two partial attentions over disjoint keys: out float32 (b, s, h, d), lse (b, h, s).
+    Rows that saw nothing in either stay out 0, lse -inf."""
+    lse = jnp.logaddexp(lse_a, lse_b)
+    ref = jnp.where(jnp.isfinite(lse), lse, 0.0)  # -inf rows: both weights exp(-inf) = 0, no NaN
+
+    def weight(x):
+        return jnp.transpose(jnp.exp(x - ref), (0, 2, 1))[..., None]
+
+    return out_a * weight(lse_a) + out_b.astype(jnp.float32) * weight(lse_b), lse
+
+
+def _forward(cfg: _Ring, q, k, v, extras: Operands):
+    sq, sk = q.shape[1], k.shape[1]
+    # *_like: the accumulators keep q's type (sharding of axes left Explicit by a partial shard_map)
+    rows = jnp.transpose(jnp.full_like(q[..., 0], -jnp.inf, dtype=jnp.float32), (0, 2, 1))  # (b, h, sq)
+    acc = (_spmd.match_varying(jnp.zeros_like(q, dtype=jnp.float32), q, k, v), _spmd.match_varying(rows, q, k, v))
+
+    def attend(kind, kv, acc):
+        k, v, kv_ids = kv
+        out_acc, lse_acc = acc
+        blocks = dataclasses.replace(extras, kv_segment_ids=kv_ids)
+        for qs, ks, causal in _pieces(kind, sq, sk):
+            o, l = _dispatch.attention(q[:, qs], k[:, ks], v[:, ks], _sub(blocks, qs, ks),
+                                       _options(cfg, causal, qs.stop - qs.start, ks.stop - ks.start))
+            o, l = _merge(out_acc[:, qs], lse_acc[:, :, qs], o, l)
+            out_acc, lse_acc = out_acc.at[:, qs].set(o), lse_acc.at[:, :, qs].set(l)
+        return out_acc, lse_acc
+
+    def step(s, kv, _, acc):
+        return (), _by_step(cfg, s, attend, kv, acc)
+
+    _, (out, lse) = _circulate(cfg, (k, v, extras.kv_segment_ids), (), acc, step)
+    return out.astype(q.dtype), lse
+
+
+def _xla_backward(q, k, v, extras: Operands, out, lse, dout, dlse, opts: _dispatch.Options):
+    """(dq, dk, dv) float32 of one step in pure JAX, as the kernels compute it: P from the global lse,
+    dS = P * (dP - delta), delta = rowsum(dO * O) - dlse. GQA without copying K/V: query heads are
+    grouped (b, s, h_kv, g, d)."""
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    qg, dog = q.reshape(b, sq, hk, h // hk, d), dout.reshape(b, sq, hk, h // hk, d)
+    s = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32, precision=_HIGHEST)
+    s = s * opts.softmax_scale
+    if opts.softcap > 0:
+        t = jnp.tanh(s / opts.softcap)
+        s = opts.softcap * t
+    seen = opts.band.visible(sq, sk)
+    if extras.q_segment_ids is not None:
+        seen = seen & (extras.q_segment_ids[:, None, None, :, None] == extras.kv_segment_ids[:, None, None, None, :])
+    lse_g = lse.reshape(b, hk, h // hk, sq)[..., None]
+    p = jnp.where(seen & jnp.isfinite(lse_g), jnp.exp(s - jnp.where(jnp.isfinite(lse_g), lse_g, 0.0)), 0.0)
+    dv = jnp.einsum("bhgqk,bqhgd->bkhd", p.astype(q.dtype), dog, preferred_element_type=jnp.float32,
+                    precision=_HIGHEST)
+    dp = jnp.einsum("bqhgd,bkhd->bhgqk", dog, v, preferred_element_type=jnp.float32, precision=_HIGHEST)
+    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)  # (b, s, h)
+    delta = jnp.transpose(delta, (0, 2, 1)).reshape(b, hk, h // hk, sq) - dlse.reshape(b, hk, h // hk, sq)
+    ds = p * (dp - delta[..., None])
+    if opts.softcap > 0:  # d(softcap tanh(x / softcap)) / dx
+        ds = ds * (1.0 - t * t)
+    ds = ds.astype(q.dtype)
+    dq = jnp.einsum("bhgqk,bkhd->bqhgd", ds, k, preferred_element_type=jnp.float32, precision=_HIGHEST)
+    dk = jnp.einsum("bhgqk,bqhgd->bkhd", ds, qg, preferred_element_type=jnp.float32, precision=_HIGHEST)
+    return dq.reshape(q.shape) * opts.softmax_scale, dk * opts.softmax_scale, dv
+
+
+def _step_backward(q, k, v, extras, out, lse, dout, dlse, opts: _dispatch.Options):
+    """One step's (dq, dk, dv) given the global out and lse."""
+    if opts.implementation == "xla":
+        return _xla_backward(q, k, v, extras, out, lse, dout, dlse, opts)
+    # the kernels' backward (the custom_vjp's rule: kernel call + varying axes), with the global out/lse
+    return _dispatch._bwd_rule(opts, (q, k, v, extras, out, lse), (dout, dlse))[:3]
+
+
+def _backward(cfg: _Ring, residuals, cotangents):
+    q, k, v, extras, out, lse = residuals
+    dout, dlse = cotangents
+    like = (q, k, v, dout, dlse)
+    dout, dlse = _spmd.match_varying(dout.astype(out.dtype), *like), _spmd.match_varying(dlse, *like)
+    sq, sk = q.shape[1], k.shape[1]
+
+    def zeros(x):
+        return _spmd.match_varying(jnp.zeros_like(x, dtype=jnp.float32), *like)
+
+    def accumulate(kind, kv, dkv, dq):
+        k, v, kv_ids = kv
+        dk, dv = dkv
+        blocks = dataclasses.replace(extras, kv_segment_ids=kv_ids)
+        for qs, ks, causal in _pieces(kind, sq, sk):
+            opts = _options(cfg, causal, qs.stop - qs.start, ks.stop - ks.start)
+            g = _step_backward(q[:, qs], k[:, ks], v[:, ks], _sub(blocks, qs, ks), out[:, qs], lse[:, :, qs],
+                               dout[:, qs], dlse[:, :, qs], opts)
+            g = [_spmd.match_varying(x.astype(jnp.float32), *like) for x in g]
+            dq, dk, dv = dq.at[:, qs].add(g[0]), dk.at[:, ks].add(g[1]), dv.at[:, ks].add(g[2])
+        return (dk, dv), dq
+
+    def step(s, kv, dkv, dq):
+        return _by_step(cfg, s, accumulate, kv, dkv, dq)
+
+    (dk, dv), dq = _circulate(cfg, (k, v, extras.kv_segment_ids), (zeros(k), zeros(v)), zeros(q), step)
+    ids = jax.tree.map(lambda x: _spmd.match_varying(_dispatch._zero_cotangent(x), x), extras)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), ids
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _ring(q, k, v, extras: Operands, cfg: _Ring):
+    return _forward(cfg, q, k, v, extras)
+
+
+def _ring_fwd(q, k, v, extras, cfg: _Ring):
+    out, lse = _forward(cfg, q, k, v, extras)
+    return (out, lse), (q, k, v, extras, out, lse)
+
+
+_ring.defvjp(_ring_fwd, _backward)
