@@ -82,8 +82,8 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     from causal and window_size).
 
     Gradients (reverse mode, any order; alibi_slopes get none) follow the kernels' backward, kernels/bwd.py:
-    only (q, k, v, out, lse) are saved, P = exp(s - lse) is recomputed, and the softmax backward
-    dS = P * (dP - delta), delta = rowsum(dO * O) - dLse, runs in float32; P and dS are rounded to the
+    only (q, k, v, out, lse) are saved, P is recomputed (normalised by its row sum), and the softmax backward
+    dS = P * (dP - delta), delta = rowsum(P * dP) - dLse, runs in float32; P and dS are rounded to the
     input dtype only where the kernels round them, before the dV, dQ and dK dots. (Differentiating the
     forward instead would round the cotangent of P, so a row that sees one key would get noise where
     its dq and dk are exactly 0.) Forward-mode differentiation (jax.jvp, jax.jacfwd) of this function
@@ -167,18 +167,23 @@ def _attention_bwd(st: _Static, res, cotangents):
     dtype = q.dtype
     k, v = _per_query_head(q, k_in, v_in)
     s, dcap, seen = _logits(st, q, k, slopes, q_ids, kv_ids)
-    # P = exp(s - lse) in float32; masked before exp, so neither P nor its derivatives see inf - inf
-    # (rows that see no key have lse = -inf and P = 0)
+    # P: the softmax recomputed in float32 and divided by its own row sum (the kernels use exp(s - lse),
+    # the same up to rounding), so a row that sees one key has P exactly 1 however XLA fuses s here and in
+    # the forward. Masked before exp: neither P nor its derivatives see inf - inf (empty rows: P = 0)
     seen = seen & jnp.isfinite(lse)[..., None]
-    p = jnp.exp(jnp.where(seen, s - jnp.where(seen, lse[..., None], 0.0), -jnp.inf))
+    m = jax.lax.stop_gradient(jnp.max(jnp.where(seen, s, -jnp.inf), axis=-1, keepdims=True))
+    e = jnp.exp(jnp.where(seen, s - jnp.where(jnp.isfinite(m), m, 0.0), -jnp.inf))
+    row = jnp.sum(e, axis=-1, keepdims=True)
+    p = e / jnp.where(row > 0, row, 1.0)
     dp = jnp.einsum("bqhd,bkhd->bhqk", dout, v, preferred_element_type=jnp.float32, precision=_HIGHEST)
     pd = p
     if st.dropout_p > 0:  # the forward's mask: Pd = P * keep * keep_scale feeds dV, and dP is masked alike
         kept, keep_scale = dropout_keep(seeds, q.shape[1], k.shape[1], st.dropout_p), dropout_keep_scale(st.dropout_p)
         pd = jnp.where(kept, p * keep_scale, 0.0)
         dp = jnp.where(kept, dp * keep_scale, 0.0)
-    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # (B, Sq, H)
-    delta = jnp.transpose(delta, (0, 2, 1)) - dlse
+    # delta = rowsum(P * dP) (which equals rowsum(dO * O), the kernels' form, up to rounding): the same
+    # float32 products as dP's, so a row whose P is one-hot gets dS = P * (dP - dP) = 0 exactly
+    delta = jnp.sum(p * dp, axis=-1) - dlse
     ds = p * (dp - delta[..., None])
     if dcap is not None:  # through softcap's tanh
         ds = ds * dcap

@@ -296,8 +296,7 @@ def _step_backward(q, k, v, extras, out, lse, dout, dlse, opts: _dispatch.Option
     """One step's (dq, dk, dv) given the global out and lse."""
     if opts.implementation == "xla":
         return _xla_backward(q, k, v, extras, out, lse, dout, dlse, opts)
-    # the kernels' backward (the custom_vjp's rule: kernel call + varying axes), with the global out/lse
-    return _dispatch._bwd_rule(opts, (q, k, v, extras, out, lse), (dout, dlse))[:3]
+    return _dispatch.kernel_backward(q, k, v, extras, opts, out, lse, dout, dlse)
 
 
 def _backward(cfg: _Ring, residuals, cotangents):
