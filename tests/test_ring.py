@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ON_GPU
+from helpers import ON_GPU
 
 
 @pytest.mark.skipif(ON_GPU, reason="host-device ring cases run on CPU machines")
