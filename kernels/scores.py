@@ -54,8 +54,8 @@ def scores(qk, q_idx, k_idx, q_ids, k_ids, seq_q, seq_k, lo_off, hi_off, sm_scal
     """The scores step every kernel takes on a fp32 tile qk = q.k (transposed or not: q_idx / k_idx and
     the segment ids q_ids / k_ids broadcast to its shape): (s, scale2, dlogit) with s * scale2 the logits
     in base 2, -inf where the pair is invisible (MASKED: band, bounds, segments), and dlogit the
-    factor the backward applies to dS (logits2). Without softcap or ALiBi, s is qk itself and scale2 the
-    scale: the callers' s * scale2 - m then compiles to one FMA per element."""
+    factor the backward applies to dS (logits2). Without softcap, ALiBi or mask, s is qk itself and
+    scale2 the scale: the callers' s * scale2 - m then compiles to one FMA per element."""
     if SOFTCAP or ALIBI:
         s, dlogit = logits2(qk, q_idx, k_idx, seq_k - seq_q, sm_scale, softcap, slope, SOFTCAP, ALIBI)
         scale2 = 1.0
@@ -63,7 +63,8 @@ def scores(qk, q_idx, k_idx, q_ids, k_ids, seq_q, seq_k, lo_off, hi_off, sm_scal
         s = qk
         dlogit = 1.0
         scale2 = sm_scale * LOG2E
-    if MASKED:
-        s = tl.where(visible(q_idx, k_idx, seq_q, seq_k, lo_off, hi_off, q_ids, k_ids, BANDED, SEGMENTS), s,
-                     float("-inf"))
+    if MASKED:  # scaled here, where the select costs a multiply anyway
+        s = tl.where(visible(q_idx, k_idx, seq_q, seq_k, lo_off, hi_off, q_ids, k_ids, BANDED, SEGMENTS),
+                     s * scale2, float("-inf"))
+        scale2 = 1.0
     return s, scale2, dlogit
