@@ -92,7 +92,9 @@ def _batch_heads(mesh, arg_shapes):
 def _warn_gather(spec: str) -> None:
     warnings.warn(f"jax_flash_amd.attention: q is sharded along its sequence or head_dim axis ({spec}); "
                   "those axes are gathered onto every device first (correct, but not scalable). Shard "
-                  "over batch and heads instead.", stacklevel=3)
+                  "over batch and heads instead, or, for a sequence too long for one device, call "
+                  "jax_flash_amd.ring_attention inside shard_map (attention does not switch to the ring "
+                  "by itself: the ring needs the caller's layout and mesh axis).", stacklevel=3)
 
 
 def _factors(rule: str) -> tuple[list, list]:
