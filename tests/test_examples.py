@@ -51,7 +51,7 @@ def test_train_gpt_data_parallel_matches_one_device(tmp_path):
     runs = []
     for devices in (1, 2):
         out = tmp_path / f"d{devices}.jsonl"
-        proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_gpt.py"), "--steps", "15",
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_gpt.py"), "--steps", "8",
                                "--seq-len", "64", "--batch", "4", "--d-model", "64", "--devices", str(devices),
                                "--out-dir", str(tmp_path), "--json", str(out)], env=env, capture_output=True,
                               text=True, timeout=600)
