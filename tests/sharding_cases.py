@@ -167,8 +167,8 @@ def _typed_mesh(axis_type):
 
 def _small(dtype=jnp.float32):
     ks = jax.random.split(jax.random.key(3), 4)
-    q, k, v = (jax.random.normal(kk, (4, 24, 8, 16), dtype) for kk in ks[:3])
-    ct = jax.random.normal(ks[3], (4, 24, 8, 16), jnp.float32)
+    q, k, v = (jax.random.normal(kk, (4, 24, 4, 16), dtype) for kk in ks[:3])  # heads: one per "model" device
+    ct = jax.random.normal(ks[3], (4, 24, 4, 16), jnp.float32)
     return q, k, v, ct
 
 

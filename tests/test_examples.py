@@ -27,7 +27,7 @@ def test_quickstart_cpu():
 def test_train_gpt_compare(tmp_path):
     out = tmp_path / "runs.jsonl"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # flash takes jax_flash_amd's CPU path
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_gpt.py"), "--compare", "--steps", "40",
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_gpt.py"), "--compare", "--steps", "25",
                            "--seq-len", "64", "--batch", "4", "--d-model", "64", "--out-dir", str(tmp_path), "--json",
                            str(out)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
