@@ -51,8 +51,8 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
       dropout_rng: a JAX PRNG key (jax.random.key or jax.random.PRNGKey), required when dropout_p > 0.
         The same key gives the same mask.
       q_segment_ids, kv_segment_ids: (batch, seq_q) and (batch, seq_k) integer ids for packed
-        sequences (wider types, e.g. int64 under x64, are cast to int32: ids must fit in int32):
-        query i sees key j only if their ids are equal. Given one and
+        sequences (wider types, e.g. int64 under x64, are converted to int32 exactly: cast where the
+        values fit, else renumbered per row): query i sees key j only if their ids are equal. Given one and
         seq_q == seq_k, the other defaults to it. When kv_segment_ids (for the backward also
         q_segment_ids) are sorted along the sequence, as packing makes them, blocks of keys that
         cannot share an id are skipped.
@@ -216,18 +216,40 @@ def _check_segment_ids(q_segment_ids, kv_segment_ids, q_shape, k_shape):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be an integer array (batch, seq); got {type(x).__name__}")
         if not jnp.issubdtype(jnp.dtype(x.dtype), jnp.integer):
-            raise TypeError(f"{name} must be an integer array (int32; wider types are cast); got {x.dtype}")
+            raise TypeError(f"{name} must be an integer array (int32; wider types are converted); got {x.dtype}")
         if tuple(x.shape) != tuple(shape):
             raise ValueError(f"{name} must have shape (batch, seq) = {tuple(shape)}; got {tuple(x.shape)}")
-        # int64 ids (the default integer type with x64 enabled) are cast: ids need only be equal or not,
-        # and the kernels read int32
-        given[name] = jnp.asarray(x).astype(jnp.int32)
+        given[name] = x  # not converted yet: jnp.asarray would wrap NumPy int64 ids without x64
     if len(given) == 1:
         if q_shape[1] != k_shape[1]:
             missing = "q_segment_ids" if q_segment_ids is None else "kv_segment_ids"
             raise ValueError(f"{missing} is needed too when seq_q ({q_shape[1]}) != seq_k ({k_shape[1]})")
-        return (next(iter(given.values())),) * 2
-    return given["q_segment_ids"], given["kv_segment_ids"]
+        ids = next(iter(given.values()))
+        return _int32_ids(ids, ids)
+    return _int32_ids(given["q_segment_ids"], given["kv_segment_ids"])
+
+
+def _int32_ids(q_ids, kv_ids):
+    """Checked integer ids (batch, seq_q) / (batch, seq_k) as int32, the type the kernels read. Ids need
+    only compare equal or not (and keep their order, for the block skipping), so wider ones (int64 under
+    x64, uint32) are cast where their concrete values fit, and otherwise renumbered per row by their rank
+    among that row's q and kv ids together: exact for any values, where a cast could merge two ids."""
+    wide = [jnp.dtype(x.dtype).itemsize > 4 or jnp.dtype(x.dtype) == jnp.uint32 for x in (q_ids, kv_ids)]
+    if not any(wide):
+        return jnp.asarray(q_ids, jnp.int32), jnp.asarray(kv_ids, jnp.int32)
+    if not any(isinstance(x, jax.core.Tracer) for x in (q_ids, kv_ids)):
+        q_np, kv_np = np.asarray(q_ids), np.asarray(kv_ids)
+        info = np.iinfo(np.int32)
+        if all(x.size == 0 or (x.min() >= info.min and x.max() <= info.max) for x in (q_np, kv_np)):
+            return jnp.asarray(q_np.astype(np.int32)), jnp.asarray(kv_np.astype(np.int32))
+        both = np.concatenate([q_np, kv_np], axis=-1)
+        ranks = np.stack([np.searchsorted(np.sort(row), row) for row in both])
+    else:
+        common = jnp.promote_types(q_ids.dtype, kv_ids.dtype)
+        both = jnp.concatenate([q_ids.astype(common), kv_ids.astype(common)], axis=-1)
+        ranks = jax.vmap(lambda row: jnp.searchsorted(jnp.sort(row), row))(both)
+    ranks = jnp.asarray(ranks, jnp.int32)
+    return ranks[:, :q_ids.shape[1]], ranks[:, q_ids.shape[1]:]
 
 
 def _check_descales(q, k, given, dropout_p: float):

@@ -9,7 +9,6 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jax_flash_amd import reference
 from jax_flash_amd.api import attention
@@ -79,45 +78,11 @@ def flash_attention_fn(query, key, value, bias=None, mask=None, broadcast_dropou
                    "(as broadcast_dropout=False).")
     batch = query.shape[:-3]
     flat = lambda x: None if x is None else x.reshape(math.prod(batch), *x.shape[len(batch):])  # noqa: E731
-    q_ids, kv_ids = int32_segment_ids(flat(q_segment_ids), flat(kv_segment_ids))
+    # ids of any integer width: attention converts wider ones (x64's default int64) to int32 exactly
     out = attention(flat(query), flat(key), flat(value), causal=causal, dropout_p=dropout_p,
-                    dropout_rng=dropout_rng if dropout_p > 0 else None, q_segment_ids=q_ids,
-                    kv_segment_ids=kv_ids, implementation=implementation)
+                    dropout_rng=dropout_rng if dropout_p > 0 else None, q_segment_ids=flat(q_segment_ids),
+                    kv_segment_ids=flat(kv_segment_ids), implementation=implementation)
     return out.reshape(query.shape)
-
-
-def _wide(ids) -> bool:
-    """An integer id array that jax_flash_amd.attention refuses (wider than int32, or uint32)."""
-    dtype = getattr(ids, "dtype", None)
-    return dtype is not None and jnp.issubdtype(dtype, jnp.integer) and (
-        jnp.dtype(dtype).itemsize > 4 or jnp.dtype(dtype) == jnp.uint32)
-
-
-def int32_segment_ids(q_ids, kv_ids):
-    """(q ids, kv ids) (rows, len) as int32 when either is of a wider integer type: a plain cast where the
-    (concrete) values fit, else each row's ids renumbered by rank among that row's q and kv ids together,
-    which keeps equality and order. Anything else passes through (jax_flash_amd.attention checks it)."""
-    if not (_wide(q_ids) or _wide(kv_ids)):
-        return q_ids, kv_ids
-    if q_ids is None or kv_ids is None:  # one given: it serves for both when the lengths agree
-        q_ids = kv_ids if q_ids is None else q_ids
-        kv_ids = q_ids if kv_ids is None else kv_ids
-    if getattr(q_ids, "shape", (None,))[:-1] != getattr(kv_ids, "shape", (None,))[:-1]:
-        return q_ids, kv_ids  # mismatched shapes: attention's checks name the argument
-    info = np.iinfo(np.int32)
-    concrete = not any(isinstance(x, jax.core.Tracer) for x in (q_ids, kv_ids))
-    if concrete:
-        q_np, kv_np = np.asarray(q_ids), np.asarray(kv_ids)
-        if all(x.size == 0 or (x.min() >= info.min and x.max() <= info.max) for x in (q_np, kv_np)):
-            return jnp.asarray(q_np.astype(np.int32)), jnp.asarray(kv_np.astype(np.int32))
-        both = np.concatenate([q_np, kv_np], axis=-1)
-        ranks = np.stack([np.searchsorted(np.sort(row), row) for row in both.reshape(-1, both.shape[-1])])
-    else:
-        common = jnp.promote_types(q_ids.dtype, kv_ids.dtype)
-        both = jnp.concatenate([q_ids.astype(common), kv_ids.astype(common)], axis=-1)
-        ranks = jax.vmap(lambda row: jnp.searchsorted(jnp.sort(row), row))(both.reshape(-1, both.shape[-1]))
-    ranks = jnp.asarray(ranks.reshape(both.shape), jnp.int32)
-    return ranks[..., :q_ids.shape[-1]], ranks[..., q_ids.shape[-1]:]
 
 
 @functools.cache

@@ -66,7 +66,6 @@ class Operands:
                 args[spec.param] = x
         return args
 
-
     def kernel_flags(self, params) -> dict[str, bool]:
         """{constexpr: whether its operand is present} for the flags of `params`."""
         return {spec.flag: getattr(self, name) is not None for name, spec in SPECS.items()

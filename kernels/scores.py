@@ -7,7 +7,6 @@ import triton.language as tl
 from .masking import visible
 
 LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit

@@ -1,5 +1,9 @@
-"""Shared test helpers: which kernel implementation runs here, inputs, and the tolerance rule."""
+"""Shared test helpers: which kernel implementation runs here, inputs, the tolerance rule, and a runner
+for test files that need several host devices."""
 import os
+import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -87,3 +91,19 @@ def assert_close(got, ref, base, dtype, names=("out", "lse", "dq", "dk", "dv")):
         scale = np.max(np.abs(r))
         bound = factor * base_err + eps * scale + f32_floor * max(scale, 1.0)
         assert err <= bound, f"{name}: max error {err:.3g} > {bound:.3g} (same-dtype reference: {base_err:.3g})"
+
+
+def run_on_8_host_devices(cases: str, at_least: int) -> None:
+    """Runs the test file `cases` (beside this one) in a process of its own with 8 CPU host devices
+    (XLA_FLAGS must be set before jax initialises, which in this process it already has), from the
+    repository root so the package beside these tests is the one imported; asserts it passes with at
+    least `at_least` tests."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+               TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
+                           os.path.join(here, cases)], env=env, cwd=os.path.dirname(here),
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed and int(passed.group(1)) >= at_least, proc.stdout[-2000:]
