@@ -96,12 +96,13 @@ def assert_close(got, ref, base, dtype, names=("out", "lse", "dq", "dk", "dv")):
 def run_on_8_host_devices(cases: str, at_least: int) -> None:
     """Runs the test file `cases` (beside this one) in a process of its own with 8 CPU host devices
     (XLA_FLAGS must be set before jax initialises, which in this process it already has), from the
-    repository root so the package beside these tests is the one imported; asserts it passes with at
+    repository root so the package beside these tests is the one imported (with the default addopts,
+    so its cases share the cores as pytest-xdist workers); asserts it passes with at
     least `at_least` tests."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
                TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            os.path.join(here, cases)], env=env, cwd=os.path.dirname(here),
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
