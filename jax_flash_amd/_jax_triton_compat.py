@@ -99,6 +99,7 @@ def apply_workarounds() -> None:
 
 def triton_call(launch) -> tuple:
     """jax_triton.triton_call of a _launch.Launch, passing its compile options as this version can."""
+    import jax
     import jax_triton
 
     apply_workarounds()
@@ -108,6 +109,16 @@ def triton_call(launch) -> tuple:
         explicit["backend_options"] = extra
     elif extra:
         _warn_dropped(tuple(sorted(extra)))
-    outs = jax_triton.triton_call(*launch.args, kernel=launch.kernel, out_shape=launch.out_shapes,
+    out_shapes = launch.out_shapes
+    if launch.aliases:
+        if passes_backend_options():
+            # 0.4.x numbers inputs among all the kernel's runtime arguments, and an aliased output takes no
+            # parameter of its own: the kernel's (unused, _launch.Launch.aliases) get one-element placeholders
+            explicit["input_output_aliases"] = {pos: out for pos, out in launch.aliases}
+            out_shapes += tuple(jax.ShapeDtypeStruct((1,), out_shapes[out].dtype) for _, out in launch.aliases)
+        else:  # 0.3.x numbers inputs among the array arguments
+            explicit["input_output_aliases"] = {sum(isinstance(a, jax.Array) for a in launch.args[:pos]): out
+                                                for pos, out in launch.aliases}
+    outs = jax_triton.triton_call(*launch.args, kernel=launch.kernel, out_shape=out_shapes,
                                   grid=launch.grid, **explicit, **launch.constexprs)
-    return tuple(outs)
+    return tuple(outs)[:len(launch.out_shapes)]

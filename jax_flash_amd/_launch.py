@@ -31,6 +31,10 @@ class Launch:
     out_shapes: tuple[jax.ShapeDtypeStruct, ...]
     constexprs: dict[str, Any]
     compile_options: dict[str, Any]  # num_warps, num_stages, and target-specific ones
+    # (position in args, output index): that output is that input's buffer, updated in place (jax-triton's
+    # input_output_aliases; a donated input is then not copied). The kernel writes it through the input's
+    # parameter; the output keeps a parameter of its own (jax-triton 0.3's convention), which it never uses.
+    aliases: tuple[tuple[int, int], ...] = ()
 
 
 Run = Callable[[Launch], tuple]

@@ -83,7 +83,10 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
     sequence lengths are runtime arguments and do not change the compiled code). kind: "" (plain),
     "dropout" (its kernels draw random numbers: more registers), "window" (a narrow sliding window) or
     "gqa" (4 query heads per key/value head), which take the "+<kind>" config rows where the target
-    has them; kernels are named with it."""
+    has them; kernels are named with it. "decode": the KV-cache kernels (kvcache.record_launches)."""
+    if kind == "decode":  # the KV-cache kernels (kernels/decode.py): decode, paged, chunked prefill, ...
+        from jax_flash_amd import kvcache
+        return kvcache.record_launches(target, head_dim, dtype)
     recorded = []
 
     def run(launch):
@@ -111,7 +114,7 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
 def _kinds(target: str) -> list[tuple[bool, str]]:
     """(causal, kind) cases of the report: window and gqa only where the target has their rows."""
     extra = [kind for kind in ("window", "gqa") if any(name.endswith("+" + kind) for name in configs.TARGETS[target])]
-    return [(False, ""), (True, ""), (True, "dropout")] + [(True, kind) for kind in extra]
+    return [(False, ""), (True, ""), (True, "dropout")] + [(True, kind) for kind in extra] + [(True, "decode")]
 
 
 def _source(launch: _launch.Launch):
@@ -170,7 +173,7 @@ def compile_row(arch: str, head_dim: int, dtype: str, causal: bool, kernel: str)
     import triton
     from triton.backends.compiler import GPUTarget
 
-    kind = kernel.partition("+")[2]
+    kind = "decode" if kernel.startswith(("decode", "kv_append")) else kernel.partition("+")[2]
     launch = dict(record_launches(_target(arch), head_dim, dtype, causal, kind))[kernel]
     options = _jax_triton_compat.compiler_options(launch.compile_options)  # what the runtime passes
     shown = {k: v for k, v in launch.constexprs.items()

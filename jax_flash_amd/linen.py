@@ -3,6 +3,7 @@ attention in the Triton kernels."""
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -27,6 +28,22 @@ def decode_step(cache_index, cached_key, cached_value, key, value):
     kv_ids = jnp.broadcast_to((jnp.arange(max_len) <= cache_index).astype(jnp.int32), (*batch, max_len))
     q_ids = jnp.ones((*batch, 1), jnp.int32)
     return keys, values, (q_ids, kv_ids), cache_index + 1
+
+
+def kvcache_step(query, key, value, cache_index, cached_key, cached_value, causal: bool, implementation):
+    """One decode call on a Flax cache (batch..., max_len, heads_kv, head_dim) through
+    attention_with_kvcache (the split-KV kernels): key / value (any number of new positions) are written at
+    cache_index, the query attends to the cache up to them (causal: bottom-right aligned). Returns (out,
+    cached_key, cached_value, next index); the cache's dtype is the computation's."""
+    from jax_flash_amd.kvcache import attention_with_kvcache
+
+    *batch, max_len, _, _ = cached_key.shape
+    flat = lambda x: x.reshape(math.prod(batch), *x.shape[len(batch):]).astype(cached_key.dtype)  # noqa: E731
+    out, keys, values = attention_with_kvcache(
+        flat(query), flat(cached_key), flat(cached_value), jnp.broadcast_to(cache_index, (math.prod(batch),)),
+        k=flat(key), v=flat(value), causal=causal, implementation=implementation)
+    return (out.reshape(query.shape).astype(query.dtype), keys.reshape(cached_key.shape),
+            values.reshape(cached_value.shape), cache_index + key.shape[-3])
 
 
 def kv_inputs(inputs_q, inputs_k, inputs_v, inputs_kv=None):
@@ -59,8 +76,10 @@ class FlashSelfAttention(nn.Module):
     one-time warning, as ``flash_attention_fn`` does. Dropout (``dropout_rate`` > 0, not deterministic)
     takes ``dropout_rng`` or the module's 'dropout' rng stream and runs inside the kernels (no dense mask);
     masks are independent per batch element and head, so ``broadcast_dropout`` must stay False.
-    ``decode=True`` (autoregressive cache, one position per call, as Flax's) attends to the cache through
-    segment ids on the kernels.
+    ``decode=True`` keeps Flax's autoregressive cache (same variables) and attends to it with
+    ``attention_with_kvcache`` (the split-KV decode kernels; the cache index is the cache length), which
+    also takes several positions per call (chunked prefill, causal within the chunk). With a dense
+    ``mask``, ``sow_weights`` or dropout it takes Flax's one position per call, through segment ids.
     """
     num_heads: int
     dtype: Any = None
@@ -103,6 +122,10 @@ class FlashSelfAttention(nn.Module):
 
         ids = (segment_ids, segment_ids if kv_segment_ids is None else kv_segment_ids)
         causal = self.causal
+        rng, rate = None, 0.0
+        if self.dropout_rate > 0 and not nn.merge_param("deterministic", self.deterministic, deterministic):
+            rng, rate = self.make_rng("dropout") if dropout_rng is None else dropout_rng, self.dropout_rate
+        out = None
         if self.decode:
             initialized = self.has_variable("cache", "cached_key")
             cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
@@ -111,18 +134,21 @@ class FlashSelfAttention(nn.Module):
             if initialized:
                 if segment_ids is not None or kv_segment_ids is not None:
                     raise ValueError("segment_ids cannot be combined with decode=True")
-                key, value, ids, index.value = decode_step(index.value, cached_key.value, cached_value.value, key,
-                                                           value)
-                cached_key.value, cached_value.value = key, value
-                causal = False  # the ids say which cached positions the query sees
+                if mask is None and not sow_weights and rate == 0:  # the KV-cache kernels, any number of positions
+                    out, cached_key.value, cached_value.value, index.value = kvcache_step(
+                        query, key, value, index.value, cached_key.value, cached_value.value, causal,
+                        self.implementation)
+                else:  # a dense mask, weights to sow or dropout: Flax's one position per call, via segment ids
+                    key, value, ids, index.value = decode_step(index.value, cached_key.value, cached_value.value,
+                                                               key, value)
+                    cached_key.value, cached_value.value = key, value
+                    causal = False  # the ids say which cached positions the query sees
 
-        rng, rate = None, 0.0
-        if self.dropout_rate > 0 and not nn.merge_param("deterministic", self.deterministic, deterministic):
-            rng, rate = self.make_rng("dropout") if dropout_rng is None else dropout_rng, self.dropout_rate
-        out = flash_attention_fn(query, key, value, mask=mask, dropout_rng=rng, dropout_rate=rate,
-                                 deterministic=rate == 0, broadcast_dropout=False, dtype=self.dtype,
-                                 precision=self.precision, module=self if sow_weights else None, causal=causal,
-                                 q_segment_ids=ids[0], kv_segment_ids=ids[1], implementation=self.implementation)
+        if out is None:
+            out = flash_attention_fn(query, key, value, mask=mask, dropout_rng=rng, dropout_rate=rate,
+                                     deterministic=rate == 0, broadcast_dropout=False, dtype=self.dtype,
+                                     precision=self.precision, module=self if sow_weights else None, causal=causal,
+                                     q_segment_ids=ids[0], kv_segment_ids=ids[1], implementation=self.implementation)
         return nn.DenseGeneral(features=self.out_features or inputs_q.shape[-1], axis=(-2, -1),
                                kernel_init=self.out_kernel_init or self.kernel_init,
                                bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias,

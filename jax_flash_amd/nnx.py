@@ -5,7 +5,7 @@ from __future__ import annotations
 from flax import nnx
 
 from jax_flash_amd.attention_fn import flash_attention_fn
-from jax_flash_amd.linen import decode_step, kv_inputs
+from jax_flash_amd.linen import decode_step, kv_inputs, kvcache_step
 
 
 class FlashSelfAttention(nnx.MultiHeadAttention):
@@ -22,7 +22,9 @@ class FlashSelfAttention(nnx.MultiHeadAttention):
     ``sow_weights=True`` runs on Flax's attention (O(N^2) memory) with a one-time warning. Dropout takes
     its key from ``rngs`` or the module's own dropout stream and runs inside the kernels; masks are
     independent per batch element and head (``broadcast_dropout`` must be False). ``decode=True`` uses the
-    cache of ``init_cache`` as Flax does, attending to it through segment ids on the kernels.
+    cache of ``init_cache`` as Flax does, attending to it with ``attention_with_kvcache`` (the split-KV
+    decode kernels; ``cache_index`` is the cache length), several positions per call allowed (chunked
+    prefill); with a dense ``mask``, ``sow_weights`` or dropout, one position per call through segment ids.
     """
 
     def __init__(self, num_heads: int, in_features: int, qkv_features: int | None = None,
@@ -52,16 +54,6 @@ class FlashSelfAttention(nnx.MultiHeadAttention):
             query, key = self.query_ln(query), self.key_ln(key)
         ids = (segment_ids, segment_ids if kv_segment_ids is None else kv_segment_ids)
         causal = bool(self.causal or is_causal)
-        if self.decode if decode is None else decode:
-            if self.cached_key is None:
-                raise ValueError("decode=True needs the cache: call init_cache(input_shape) first")
-            if segment_ids is not None or kv_segment_ids is not None:
-                raise ValueError("segment_ids cannot be combined with decode=True")
-            key, value, ids, self.cache_index[...] = decode_step(self.cache_index[...], self.cached_key[...],
-                                                                 self.cached_value[...], key, value)
-            self.cached_key[...], self.cached_value[...] = key, value
-            causal = False
-
         rng, rate = None, 0.0
         deterministic = self.deterministic if deterministic is None else deterministic
         if self.dropout_rate > 0:
@@ -73,6 +65,22 @@ class FlashSelfAttention(nnx.MultiHeadAttention):
                     raise ValueError("dropout needs rngs: pass rngs= to the call (the module was built with "
                                      "keep_rngs=False)")
                 rng, rate = stream(), self.dropout_rate
+        if self.decode if decode is None else decode:
+            if self.cached_key is None:
+                raise ValueError("decode=True needs the cache: call init_cache(input_shape) first")
+            if segment_ids is not None or kv_segment_ids is not None:
+                raise ValueError("segment_ids cannot be combined with decode=True")
+            if mask is None and not sow_weights and rate == 0:  # the KV-cache kernels, any number of positions
+                out, self.cached_key[...], self.cached_value[...], self.cache_index[...] = kvcache_step(
+                    query, key, value, self.cache_index[...], self.cached_key[...], self.cached_value[...], causal,
+                    self.implementation)
+                return self.out(out, out_sharding=out_sharding)
+            # a dense mask, weights to sow or dropout: Flax's one position per call, through segment ids
+            key, value, ids, self.cache_index[...] = decode_step(self.cache_index[...], self.cached_key[...],
+                                                                 self.cached_value[...], key, value)
+            self.cached_key[...], self.cached_value[...] = key, value
+            causal = False
+
         out = flash_attention_fn(query, key, value, mask=mask, dropout_rng=rng, dropout_rate=rate,
                                  deterministic=rate == 0, broadcast_dropout=False, dtype=self.dtype,
                                  precision=self.precision, module=self if sow_weights else None, causal=causal,

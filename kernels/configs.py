@@ -198,3 +198,70 @@ CANDIDATES = {
         "dq": _rows(512, [(32, 16, 4, 1), (16, 16, 4, 1)]),
     },
 }
+
+
+# ----- KV-cache attention (kernels/decode.py, jax_flash_amd/kvcache.py) -----
+# "decode": BLOCK_M is the most packed query rows (query heads of a group x positions) one program holds
+# (a launch takes the smallest power of two >= 16 that holds them all, up to this), BLOCK_N the keys per
+# step (paged caches: at most the largest power of two dividing the page size, at least 16).
+# "decode+paged", where a target has it, for paged caches. "decode_combine": BLOCK_M (position, head) rows
+# merged per program. "kv_append": BLOCK_N new positions.
+# DECODE_SPLITS: the split-KV rule's data (kvcache.num_splits): key splits per (batch, kv head, row
+# block) = min(max_splits, keys // (BLOCK_N * min_blocks_per_split), cus * programs_per_cu // programs),
+# at least 1. cus: the GPU's SMs / CUs when the device does not report them (H200 132; MI250X GCD 110,
+# MI300X 304, MI355X 256).
+_DECODE_AUX = {
+    "decode_combine": [dict(max_block_d=512, BLOCK_M=16, num_warps=4, num_stages=1)],
+    "kv_append": [dict(max_block_d=512, BLOCK_N=32, num_warps=4, num_stages=1)],
+}
+
+
+def _hip_decode():
+    return {
+        "decode": [
+            dict(max_block_d=64, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2),
+            dict(max_block_d=128, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2),
+            dict(max_block_d=256, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=1),
+            dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=1),
+        ],
+        **_DECODE_AUX,
+    }
+
+
+_CUDA_DECODE = [
+    dict(max_block_d=64, BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+    dict(max_block_d=128, max_itemsize=2, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    # float32 (FMA dots, tiles in registers; sm90 ptxas: 64 x 64 at D 64 spills 4 KB, 32 x 32 at D 128 0.5-1.8 KB)
+    dict(max_block_d=128, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=3),
+    dict(max_block_d=256, max_itemsize=2, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=3),
+    dict(max_block_d=256, BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=3),
+    dict(max_block_d=512, BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2),
+]
+
+DECODE = {
+    "cuda": {
+        "decode": _CUDA_DECODE,
+        # paged: the pipeliner gives the block-table load stages of its own (sm90 TTGIR, triton 3.6 and 3.9:
+        # one K/V buffer at 2-4 stages, two from 5), so two more stages keep as many K/V tiles in flight
+        "decode+paged": [dict(r, num_stages=r["num_stages"] + 2) for r in _CUDA_DECODE],
+        **_DECODE_AUX,
+    },
+    "gfx90a": _hip_decode(),
+    "gfx942": _hip_decode(),
+    "gfx950": _hip_decode(),
+    # the interpreter: small blocks, so tests see several row blocks, splits and pages
+    "interpret": {
+        "decode": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)],
+        "decode_combine": [dict(max_block_d=512, BLOCK_M=16, num_warps=4, num_stages=1)],
+        "kv_append": [dict(max_block_d=512, BLOCK_N=16, num_warps=4, num_stages=1)],
+    },
+}
+DECODE_SPLITS = {
+    "cuda": dict(cus=132, programs_per_cu=2, max_splits=64, min_blocks_per_split=8),
+    "gfx90a": dict(cus=110, programs_per_cu=2, max_splits=64, min_blocks_per_split=8),
+    "gfx942": dict(cus=304, programs_per_cu=2, max_splits=64, min_blocks_per_split=8),
+    "gfx950": dict(cus=256, programs_per_cu=2, max_splits=64, min_blocks_per_split=8),
+    "interpret": dict(cus=2, programs_per_cu=2, max_splits=8, min_blocks_per_split=1),
+}
+for _target, _rows_of in DECODE.items():
+    TARGETS[_target].update(_rows_of)

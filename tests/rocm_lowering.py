@@ -99,6 +99,27 @@ def export_forward_backward(arch: str, head_dim: int, dtype, causal: bool, kv_he
     return exported.mlir_module().count("triton_kernel_call")
 
 
+def export_kvcache(arch: str, head_dim: int, dtype):
+    """attention_with_kvcache's kernels (kv_append, attn_decode, attn_decode_combine) on a paged cache:
+    decode of 32 query / 8 key-value heads, split 4 ways."""
+    from jax_flash_amd import kvcache
+
+    _triton.target = lambda: arch
+    opts = kvcache.Options("triton", head_dim ** -0.5, Band.of(True, (-1, -1), 1, 1024), num_splits=4)
+    sds = jax.ShapeDtypeStruct
+    args = (sds((2, 1, 32, head_dim), dtype), sds((32, 64, 8, head_dim), dtype), sds((32, 64, 8, head_dim), dtype),
+            sds((2,), jnp.int32), sds((2, 1, 8, head_dim), dtype), sds((2, 1, 8, head_dim), dtype),
+            sds((2, 16), jnp.int32))
+    unchecked = [jax.export.DisabledSafetyCheck.custom_call(triton_lib.CUSTOM_CALL_TARGET_NAME)]
+    exported = jax.export.export(jax.jit(lambda *a: kvcache._forward_only(opts)(*a, None)), platforms=["rocm"],
+                                 disabled_checks=unchecked)(*args)
+    return exported.mlir_module().count("triton_kernel_call")
+
+
+KVCACHE_KERNELS = {"kv_append": ("kv_append", ""), "attn_decode": ("decode", "paged"),
+                   "attn_decode_combine": ("decode_combine", "")}
+
+
 def main():
     archs = sys.argv[1].split(",")
     if "--no-workaround" in sys.argv:  # shows whether jax-triton still needs the compat layer's shim
@@ -120,6 +141,13 @@ def main():
                 row.update(head_dim=head_dim, dtype=jnp.dtype(dtype).name, causal=causal, kv_heads=kv_heads,
                            custom_calls=calls, expected=options)
                 print(json.dumps(row), flush=True)
+        start = len(compiled)  # the KV-cache kernels: D 128 bf16, paged decode
+        calls = export_kvcache(arch, 128, jnp.bfloat16)
+        for row in compiled[start:]:
+            name, kind = KVCACHE_KERNELS[row["kernel"]]
+            _, options = _config_choice.pick_config(arch, name, 128, jnp.bfloat16, kind=kind)
+            row.update(head_dim=128, dtype="bfloat16", causal=True, kv_heads=8, custom_calls=calls, expected=options)
+            print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 without spills, within LDS, and the MI300 forward keeps 2 waves per SIMD (no AMD GPU needed).
 
 The default run checks one arch, head dim and dtype through the report's whole path (subprocess,
-compile workers, table, --check); the full sweep (174 kernels, ~10 min on 2 cores) is marked amd_sweep."""
+compile workers, table, --check); the full sweep (264 kernels, ~10 min on 2 cores) is marked amd_sweep."""
 import math
 import os
 import signal
@@ -57,8 +57,11 @@ def test_check_flags_what_it_should():
 
 
 def test_one_arch_passes_the_check():
-    """MI300 at D 128 bf16: forward, dQ, dK/dV (full, causal, dropout) and the fp8 forward: 11 kernels."""
+    """MI300 at D 128 bf16: forward, dQ, dK/dV (full, causal, dropout), the fp8 forward and the KV-cache
+    kernels (decode, paged, chunked prefill, combine, append): 16 kernels."""
     table = _check("gfx942", "128", "bfloat16")
+    for kernel in ("decode", "decode+paged", "decode+chunk", "decode_combine", "kv_append"):
+        assert f"| gfx942 | {kernel} | 128 | bfloat16 | yes |" in table
     for kernel in ("fwd", "dkdv", "dq"):
         for causal in ("no", "yes"):
             assert f"| gfx942 | {kernel} | 128 | bfloat16 | {causal} |" in table
@@ -77,5 +80,6 @@ def test_default_configs_pass_on_every_amd_arch():
     for arch, fp8_type in (("gfx942", "float8_e4m3fnuz"), ("gfx950", "float8_e4m3fn")):  # the fp8 forward
         for d in (64, 128, 256):
             assert f"| {arch} | fwd | {d} | {fp8_type} | no |" in table and f"| {arch} | fwd | {d} | {fp8_type} | yes |" in table
-    # 3 archs x 3 head dims x 2 dtypes x 9 kernels, and 2 fp8 forwards per head dim on gfx942 and gfx950
-    assert table.count("\n| gfx") == 174
+    # 3 archs x 3 head dims x 2 dtypes x 14 kernels (9 attention, 5 KV-cache), and 2 fp8 forwards per
+    # head dim on gfx942 and gfx950
+    assert table.count("\n| gfx") == 264

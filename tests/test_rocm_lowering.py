@@ -22,6 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PINS = ["jax==0.11.2", "jaxlib==0.11.2", "jax-rocm7-plugin==0.11.2", "jax-triton==0.4.1", "triton==3.9.0", "numpy"]
 ARCHS = ("gfx90a", "gfx942", "gfx950")
 KERNELS = {"attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"}
+KVCACHE_KERNELS = {"kv_append", "attn_decode", "attn_decode_combine"}  # attention_with_kvcache, paged decode
 
 
 def _python312():
@@ -63,10 +64,12 @@ def test_every_kernel_lowers_for_every_arch_with_its_options(rocm_python):
     proc, rows = _lower(rocm_python)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for arch in ARCHS:
-        mine = [r for r in rows if r["arch"] == arch]
+        mine = [r for r in rows if r["arch"] == arch and r["kernel"] in KERNELS]
         assert {r["kernel"] for r in mine} == KERNELS, arch
         assert len(mine) == 2 * len(KERNELS)  # D 128 bf16 causal; D 64 fp16 non-causal grouped-query
-        for r in mine:
+        decode = [r for r in rows if r["arch"] == arch and r["kernel"] in KVCACHE_KERNELS]
+        assert {r["kernel"] for r in decode} == KVCACHE_KERNELS and len(decode) == len(KVCACHE_KERNELS), arch
+        for r in mine + decode:
             where = f"{arch} {r['kernel']} D{r['head_dim']} {r['dtype']}"
             assert r["is_elf"] and r["hsaco_bytes"] > 1000 and r["target_in_amdgcn"], where
             assert r["custom_calls"] >= len(KERNELS), where

@@ -1,0 +1,459 @@
+"""KV-cache attention for inference: `attention_with_kvcache` (FlashAttention's flash_attn_with_kvcache).
+
+Decode (seq_q 1), speculative decoding and chunked prefill (seq_q > 1) against a contiguous or paged
+key/value cache, new keys / values appended in place first. Three implementations, as `attention`:
+"triton" and "interpret" run kernels/decode.py (kv_append, then the split-KV attn_decode, then
+attn_decode_combine when the keys were split), "xla" is the pure-JAX reference. Forward only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_flash_amd import _dispatch, _launch
+from jax_flash_amd._config_choice import block_d, pick_config
+from jax_flash_amd.api import MAX_HEAD_DIM, _check_flag, _check_scale, _check_slopes, _check_softcap, _check_window
+from jax_flash_amd.kernels import configs, decode
+from jax_flash_amd.operands import Operands
+from jax_flash_amd.rules import Band
+
+_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32)
+_HIGHEST = jax.lax.Precision.HIGHEST
+MIN_PAGE = 16  # the kernels' smallest key block (tl.dot's minimum): paged caches need pages a multiple of it
+LN2 = 0.6931471805599453
+NO_GRADIENT = ("jax_flash_amd.attention_with_kvcache is forward only (inference): it has no derivative. "
+               "Differentiate jax_flash_amd.attention for training.")
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block_table=None,
+                           causal: bool = True, softmax_scale: float | None = None,
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                           return_lse: bool = False, num_splits: int = 0, implementation: str | None = None):
+    """Attention of new queries against a key/value cache, with FlashAttention's semantics
+    (flash_attn_with_kvcache): decoding (seq_q 1), speculative decoding or chunked prefill (seq_q > 1).
+
+    Args:
+      q: (batch, seq_q, heads_q, head_dim) float16, bfloat16 or float32; seq_q >= 1.
+      k_cache, v_cache: the cache, q's dtype. Contiguous: (batch, capacity, heads_kv, head_dim). Paged
+        (with block_table): (num_pages, page_size, heads_kv, head_dim); the kernels need page_size a
+        multiple of 16. heads_q a multiple of heads_kv (grouped-query / multi-query attention).
+      cache_seqlens: (batch,) integer array (or one int for every row): the keys already in each row's
+        cache (0 allowed). Row b attends to keys 0 .. cache_seqlens[b] + seq_new - 1; a row with none
+        gets output 0 (lse -inf).
+      k, v: optional new keys / values (batch, seq_new, heads_kv, head_dim), q's dtype: written into the
+        cache at positions cache_seqlens[b] .. cache_seqlens[b] + seq_new - 1 before attending, and the
+        updated caches returned. The kernels write them in place (the caches are aliased to the
+        outputs), so a cache donated to a jitted call (donate_argnums) is updated without a copy.
+      block_table: (batch, max_pages) integer: row b's key j lies in page block_table[b, j // page_size].
+        Entries a row uses must lie in [0, num_pages); the rest are never read.
+      causal: bottom-right aligned against each row's new length L = cache_seqlens + seq_new: query i
+        sees key j iff j <= i + L - seq_q (default True: a decoded token sees the cache and itself).
+      softmax_scale, window_size, softcap, alibi_slopes: as in jax_flash_amd.attention, aligned the same
+        way against L (window: i + L - seq_q - left <= j <= i + L - seq_q + right; ALiBi distance
+        |i + L - seq_q - j|).
+      return_lse: also return the logsumexp (batch, heads_q, seq_q) float32, natural log.
+      num_splits: key splits of the split-KV kernel (0: chosen from batch x heads_kv and the GPU's
+        SM / CU count, kernels/configs.py DECODE_SPLITS). Ignored by "xla".
+      implementation: "triton", "interpret" or "xla", as in jax_flash_amd.attention (None: the default).
+
+    Returns:
+      out (q's shape and dtype), then lse if return_lse, then, when k / v are given, the updated
+      k_cache and v_cache: `out`, `(out, lse)`, `(out, k_cache, v_cache)` or `(out, lse, k_cache, v_cache)`.
+
+    Checks: shapes, dtypes and options are checked (ValueError / TypeError naming the argument). Where
+    cache_seqlens and block_table are concrete (not traced), they are checked too: cache_seqlens in
+    [0, capacity - seq_new] (capacity: the cache's length, or max_pages * page_size), the block-table
+    entries a row uses in [0, num_pages). Traced values cannot be checked; then a write past a row's
+    capacity or to a page outside the cache is dropped, reads are clamped into the cache, and the output
+    of such a row is undefined, but nothing outside the row's own pages is ever written.
+    Not differentiable: jax.grad raises TypeError.
+    """
+    _check_flag("causal", causal)
+    _check_flag("return_lse", return_lse)
+    window = _check_window(window_size)
+    softcap = _check_softcap(softcap)
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0: chosen automatically); got {num_splits!r}")
+    q, k_cache, v_cache, k, v, block_table = _check_arrays(q, k_cache, v_cache, k, v, block_table)
+    batch, seq_q, heads, head_dim = q.shape
+    paged = block_table is not None
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    seq_new = 0 if k is None else k.shape[1]
+    cache_seqlens = _check_seqlens(cache_seqlens, batch, capacity, seq_new)
+    slopes = _check_slopes(alibi_slopes, batch, heads)
+    scale = _check_scale(softmax_scale, head_dim)
+    impl = _dispatch.choose_implementation(implementation)
+    if paged:
+        _check_block_table(block_table, cache_seqlens, seq_new, k_cache.shape[0], k_cache.shape[1])
+    if impl != "xla":
+        _check_kernel_limits(q, k_cache, paged)
+    opts = Options(impl, scale, Band.of(causal, window, seq_q, max(capacity, 1)), softcap, num_splits)
+    out, lse, k_cache, v_cache = _forward_only(opts)(q, k_cache, v_cache, cache_seqlens, k, v, block_table, slopes)
+    result = (out, lse) if return_lse else (out,)
+    if k is not None:
+        result += (k_cache, v_cache)
+    return result[0] if len(result) == 1 else result
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The static part of one call (hashable)."""
+    implementation: str
+    softmax_scale: float
+    band: Band  # rules.Band.of(causal, window, seq_q, capacity): per row, offsets against its own length
+    softcap: float = 0.0
+    num_splits: int = 0  # 0: num_splits() decides
+
+
+# ----- argument checks -----
+
+def _is_array(x) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _check_arrays(q, k_cache, v_cache, k, v, block_table):
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if x is None and name in ("k", "v"):
+            continue
+        if not _is_array(x):
+            raise TypeError(f"{name} must be an array; got {type(x).__name__}")
+        if x.ndim != 4:
+            raise ValueError(f"{name} must have rank 4; got shape {tuple(x.shape)}")
+        if jnp.dtype(x.dtype) not in [jnp.dtype(d) for d in _DTYPES]:
+            raise TypeError(f"{name} must be float16, bfloat16 or float32 (float8 caches are not supported); "
+                            f"got {jnp.dtype(x.dtype)}")
+    q, k_cache, v_cache = jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache)
+    if (k is None) != (v is None):
+        raise ValueError("k and v (the new keys and values) must be given together")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if x is not None and x.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}; got {x.dtype}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape; got {k_cache.shape} and {v_cache.shape}")
+    batch, seq_q, heads, head_dim = q.shape
+    if seq_q < 1 or batch < 1:
+        raise ValueError(f"q must have batch >= 1 and seq_q >= 1; got shape {q.shape}")
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim (last axis of q) must be in 1..{MAX_HEAD_DIM}; got {head_dim}")
+    if k_cache.shape[3] != head_dim:
+        raise ValueError(f"k_cache must have q's head_dim {head_dim}; got shape {k_cache.shape}")
+    heads_kv = k_cache.shape[2]
+    if heads_kv == 0 or heads % heads_kv:
+        raise ValueError(f"the number of query heads ({heads}) must be a multiple of the cache's key/value heads "
+                         f"({heads_kv}) (grouped-query attention)")
+    if block_table is None:
+        if k_cache.shape[0] != batch:
+            raise ValueError(f"a contiguous k_cache must be (batch, capacity, heads_kv, head_dim) with q's batch "
+                             f"{batch}; got shape {k_cache.shape} (pass block_table for a paged cache)")
+    else:
+        if not _is_array(block_table) or not jnp.issubdtype(block_table.dtype, jnp.integer):
+            raise TypeError(f"block_table must be an integer array (batch, max_pages); got "
+                            f"{getattr(block_table, 'dtype', type(block_table).__name__)}")
+        if block_table.ndim != 2 or block_table.shape[0] != batch or block_table.shape[1] < 1:
+            raise ValueError(f"block_table must have shape (batch, max_pages) = ({batch}, >= 1); got "
+                             f"{tuple(block_table.shape)}")
+        if k_cache.shape[0] < 1 or k_cache.shape[1] < 1:
+            raise ValueError(f"a paged k_cache must be (num_pages, page_size, heads_kv, head_dim) with at least "
+                             f"one page of one row; got shape {k_cache.shape}")
+        block_table = jnp.asarray(block_table).astype(jnp.int32)
+    if k is not None:
+        k, v = jnp.asarray(k), jnp.asarray(v)
+        want = (batch, None, heads_kv, head_dim)
+        for name, x in (("k", k), ("v", v)):
+            if x.shape[0] != batch or x.shape[2:] != (heads_kv, head_dim):
+                raise ValueError(f"{name} must have shape (batch, seq_new, heads_kv, head_dim) = "
+                                 f"{want[:1] + ('seq_new',) + want[2:]}; got {tuple(x.shape)}")
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must have the same shape; got {k.shape} and {v.shape}")
+    return q, k_cache, v_cache, k, v, block_table
+
+
+def _concrete(x):
+    """x as a NumPy array when its value is known here, else None (a tracer)."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    try:
+        return np.asarray(x)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _check_seqlens(cache_seqlens, batch: int, capacity: int, seq_new: int):
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = np.full((batch,), cache_seqlens, np.int64)
+    if not _is_array(cache_seqlens) or not jnp.issubdtype(cache_seqlens.dtype, jnp.integer):
+        raise TypeError(f"cache_seqlens must be an int or an integer array (batch,); got "
+                        f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
+    if cache_seqlens.shape == ():
+        cache_seqlens = jnp.broadcast_to(cache_seqlens, (batch,))
+    if tuple(cache_seqlens.shape) != (batch,):
+        raise ValueError(f"cache_seqlens must have shape (batch,) = ({batch},); got {tuple(cache_seqlens.shape)}")
+    known = _concrete(cache_seqlens)
+    if known is not None:
+        if known.min() < 0:
+            raise ValueError(f"cache_seqlens must be >= 0; got {known.tolist()}")
+        if known.max() + seq_new > capacity:
+            raise ValueError(f"cache_seqlens + seq_new must be at most the cache capacity {capacity} (contiguous: "
+                             f"k_cache.shape[1]; paged: max_pages * page_size); got cache_seqlens "
+                             f"{known.tolist()} with seq_new {seq_new}")
+    return jnp.asarray(cache_seqlens).astype(jnp.int32)
+
+
+def _check_block_table(block_table, cache_seqlens, seq_new: int, num_pages: int, page_size: int) -> None:
+    table, lengths = _concrete(block_table), _concrete(cache_seqlens)
+    if table is None:
+        return
+    used = np.ones(table.shape, bool)
+    if lengths is not None:  # only the pages each row uses; unused entries may hold anything (e.g. -1)
+        need = -(-(lengths.astype(np.int64) + seq_new) // page_size)
+        used = np.arange(table.shape[1])[None, :] < need[:, None]
+    bad = used & ((table < 0) | (table >= num_pages))
+    if bad.any():
+        b, p = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"block_table[{b}, {p}] = {int(table[b, p])} is outside [0, num_pages = {num_pages}) "
+                         f"(k_cache.shape[0]); every page a row uses must be in the cache")
+
+
+def _check_kernel_limits(q, k_cache, paged: bool) -> None:
+    if paged and k_cache.shape[1] % MIN_PAGE:
+        raise ValueError(f"page_size (k_cache.shape[1] = {k_cache.shape[1]}) must be a multiple of {MIN_PAGE} for the "
+                         f"kernels (their key block is a power of two >= {MIN_PAGE} dividing the page); use "
+                         f"implementation='xla' for other page sizes")
+    # within one batch row (or page), offsets are 32-bit
+    for name, n in (("q", q.shape[1] * q.shape[2] * q.shape[3]),
+                    ("k_cache", k_cache.shape[1] * k_cache.shape[2] * k_cache.shape[3])):
+        if n >= 2**31:
+            raise ValueError(f"{name} has {n} elements per batch row (or page); the kernels support fewer than 2**31")
+
+
+# ----- the implementations -----
+
+@functools.cache
+def _forward_only(opts: Options):
+    """opts' implementation as a function of the arrays whose derivative raises TypeError(NO_GRADIENT)."""
+    impl = _xla if opts.implementation == "xla" else _kernels
+    wrapped = jax.custom_jvp(functools.partial(impl, opts))
+
+    @wrapped.defjvp
+    def _jvp(primals, tangents):
+        raise TypeError(NO_GRADIENT)
+
+    return wrapped
+
+
+def _lengths(cache_seqlens, seq_new: int, capacity: int):
+    """(first write position, keys attended) per row: clamped into [0, capacity] (only a traced
+    out-of-range cache_seqlens, which cannot be checked, needs the clamp)."""
+    start = jnp.clip(cache_seqlens, 0, capacity)
+    return start, jnp.minimum(start + seq_new, capacity)
+
+
+def _offsets(band: Band, seq_q: int, lengths):
+    """(batch, 2) int32: each row's (lo_off, hi_off) of kernels/masking.py against its own length."""
+    lo, hi = band.offsets(seq_q, lengths)
+    return jnp.stack([jnp.broadcast_to(jnp.asarray(x, jnp.int32), lengths.shape) for x in (lo, hi)], axis=-1)
+
+
+def _capacity(k_cache, block_table) -> int:
+    return k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+
+
+def _append_xla(k_cache, v_cache, k, v, start, block_table):
+    """The caches with k, v written at start[b] + t, out-of-capacity positions and pages dropped."""
+    batch, seq_new = k.shape[:2]
+    pos = start[:, None] + jnp.arange(seq_new, dtype=jnp.int32)[None, :]  # (batch, seq_new)
+    if block_table is None:
+        rows = jnp.broadcast_to(jnp.arange(batch)[:, None], pos.shape)
+        ok = pos < k_cache.shape[1]
+        at = (jnp.where(ok, rows, batch), pos)  # out of range: dropped
+    else:
+        num_pages, page_size = k_cache.shape[:2]
+        index = pos // page_size
+        ok = index < block_table.shape[1]
+        page = jnp.take_along_axis(block_table, jnp.minimum(index, block_table.shape[1] - 1), axis=1)
+        ok = ok & (page >= 0) & (page < num_pages)
+        at = (jnp.where(ok, page, num_pages), pos % page_size)
+    return (k_cache.at[at].set(k, mode="drop"), v_cache.at[at].set(v, mode="drop"))
+
+
+def _rows(cache, block_table):
+    """(batch, capacity, heads_kv, head_dim): each row's keys (or values) in order."""
+    if block_table is None:
+        return cache
+    pages = cache[jnp.clip(block_table, 0, cache.shape[0] - 1)]  # (batch, max_pages, page, heads_kv, d)
+    return pages.reshape(block_table.shape[0], -1, *cache.shape[2:])
+
+
+def _xla(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, slopes):
+    """The pure-JAX reference: (out, lse, k_cache, v_cache); the kernels' numerics (logits in float32
+    from dots of the input dtype, P rounded to it before the PV dot, float32 accumulation)."""
+    seq_new = 0 if k is None else k.shape[1]
+    start, lengths = _lengths(cache_seqlens, seq_new, _capacity(k_cache, block_table))
+    if k is not None:
+        k_cache, v_cache = _append_xla(k_cache, v_cache, k, v, start, block_table)
+    keys, values = _rows(k_cache, block_table), _rows(v_cache, block_table)
+    b, sq, h, d = q.shape
+    t, h_kv = keys.shape[1], keys.shape[2]
+    g = h // h_kv
+    j = jnp.arange(t)[None, None, :]  # (1, 1, T)
+    present = j < lengths[:, None, None]  # (B, 1, T)
+    # positions past a row's length may hold anything (NaN included): never multiplied by P = 0
+    values = jnp.where(present[:, 0, :, None, None], values, jnp.zeros((), values.dtype))
+    s = jnp.einsum("bqhgd,bkhd->bhgqk", q.reshape(b, sq, h_kv, g, d), keys, preferred_element_type=jnp.float32,
+                   precision=_HIGHEST) * opts.softmax_scale
+    if opts.softcap > 0:
+        s = opts.softcap * jnp.tanh(s / opts.softcap)
+    i = jnp.arange(sq)[None, :, None]  # (1, Sq, 1)
+    offs = _offsets(opts.band, sq, lengths)
+    lo, hi = offs[:, 0, None, None], offs[:, 1, None, None]
+    seen = present & (j >= i + lo) & (j <= i + hi)  # (B, Sq, T)
+    if slopes is not None:
+        dist = jnp.abs(i + (lengths[:, None, None] - sq) - j).astype(jnp.float32)  # (B, Sq, T)
+        s = s - slopes.reshape(b, h_kv, g)[:, :, :, None, None] * dist[:, None, None]
+    s = jnp.where(seen[:, None, None], s, -jnp.inf)
+    m = jnp.max(s, axis=-1)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(s - m[..., None])
+    l = jnp.sum(p, axis=-1)  # (B, H_kv, G, Sq)
+    empty = l == 0.0
+    acc = jnp.einsum("bhgqk,bkhd->bqhgd", p.astype(q.dtype), values, preferred_element_type=jnp.float32,
+                     precision=_HIGHEST)
+    out = acc / jnp.transpose(jnp.where(empty, 1.0, l), (0, 3, 1, 2))[..., None]
+    lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
+    return out.reshape(q.shape).astype(q.dtype), lse.reshape(b, h, sq), k_cache, v_cache
+
+
+def compute_units(target: str) -> int:
+    """SMs / CUs of the default GPU (as the device reports them), else configs.DECODE_SPLITS' number."""
+    if target != "interpret":
+        count = getattr(jax.devices()[0], "core_count", None)
+        if isinstance(count, int) and count > 0:
+            return count
+    return configs.DECODE_SPLITS[target]["cus"]
+
+
+def num_splits(target: str, programs: int, keys: int, block_n: int, cus: int | None = None) -> int:
+    """The split-KV rule (configs.DECODE_SPLITS[target] is its data): enough programs to fill the GPU's
+    compute units programs_per_cu times over, given `programs` (batch x heads_kv x row blocks) before
+    splitting; each split at least min_blocks_per_split key blocks of the `keys` a row can hold; at
+    most max_splits; at least 1."""
+    rule = configs.DECODE_SPLITS[target]
+    cus = compute_units(target) if cus is None else cus
+    fill = cus * rule["programs_per_cu"] // max(programs, 1)
+    most = -(-keys // block_n) // rule["min_blocks_per_split"]
+    return max(1, min(rule["max_splits"], fill, most))
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def plan(target: str, q, k_cache, block_table, num_splits_wanted: int = 0, rows=None) -> dict:
+    """The launch geometry of attn_decode: its config (blocks, options), row blocks and splits."""
+    b, sq, h, d = q.shape
+    h_kv = k_cache.shape[2]
+    blocks, options = pick_config(target, "decode", d, q.dtype, rows, "paged" if block_table is not None else "")
+    block_m = min(blocks["BLOCK_M"], max(16, _next_pow2(sq * (h // h_kv))))
+    block_n = blocks["BLOCK_N"]
+    if block_table is not None:  # a key block lies within one page
+        block_n = min(block_n, k_cache.shape[1] & -k_cache.shape[1])
+    row_blocks = -(-sq * (h // h_kv) // block_m)
+    programs = b * h_kv * row_blocks
+    splits = num_splits_wanted or num_splits(target, programs, _capacity(k_cache, block_table), block_n)
+    return dict(blocks={**blocks, "BLOCK_M": block_m, "BLOCK_N": block_n}, options=options, row_blocks=row_blocks,
+                splits=splits)
+
+
+def _kernels(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, slopes, *, rows=None):
+    """The kernels (triton or interpret): (out, lse, k_cache, v_cache)."""
+    run, target = _dispatch.backend(opts.implementation)
+    return launches(run, target, opts, q, k_cache, v_cache, cache_seqlens, k, v, block_table, slopes, rows=rows)
+
+
+def launches(run, target: str, opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, slopes,
+             rows=None):
+    """Append (if k), decode, combine (if split): (out, lse natural, k_cache, v_cache). rows: {kernel: config
+    row} overriding configs.py's (benchmark sweeps)."""
+    b, sq, h, d = q.shape
+    paged = block_table is not None
+    num_pages, page = k_cache.shape[:2]
+    capacity = _capacity(k_cache, block_table)
+    max_pages = block_table.shape[1] if paged else 1
+    table = block_table if paged else jnp.zeros((1,), jnp.int32)
+    h_kv = k_cache.shape[2]
+    bd = block_d(d, q.dtype)
+    seq_new = 0 if k is None else k.shape[1]
+    start, lengths = _lengths(cache_seqlens, seq_new, capacity)
+    common = dict(KV_H=h_kv, HEAD_DIM=d, BLOCK_D=bd, PAGE=page if paged else 1, PAGED=paged)
+    if k is not None and seq_new > 0:
+        blocks, options = pick_config(target, "kv_append", d, q.dtype, rows)
+        bn = blocks["BLOCK_N"]
+        launch = _launch._launch(
+            decode.kv_append, grid=(-(-seq_new // bn), b * h_kv),
+            inputs=dict(K=k, V=v, KCache=k_cache, VCache=v_cache, BlockTable=table, SeqLens=start, seq_new=seq_new,
+                        capacity=capacity, max_pages=max_pages, num_pages=num_pages),
+            out_shapes=(jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
+                        jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)),
+            constexprs={**common, **blocks}, options=options)
+        k_cache, v_cache = run(dataclasses.replace(launch, aliases=((2, 0), (3, 1))))
+
+    p = plan(target, q, k_cache, block_table, opts.num_splits, rows)
+    splits, blocks = p["splits"], p["blocks"]
+    one = splits == 1
+    out, lse2 = run(_launch._launch(
+        decode.attn_decode, grid=(b * h_kv, splits, p["row_blocks"]),
+        inputs=dict(Q=q, KCache=k_cache, VCache=v_cache, BlockTable=table, SeqLens=lengths,
+                    Offsets=_offsets(opts.band, sq, lengths), sm_scale=np.float32(opts.softmax_scale),
+                    softcap=np.float32(opts.softcap), seq_q=sq, capacity=capacity, max_pages=max_pages,
+                    num_pages=num_pages),
+        out_shapes=(jax.ShapeDtypeStruct((splits, b, sq, h, d), q.dtype if one else jnp.float32),
+                    jax.ShapeDtypeStruct((splits, b, h, sq), jnp.float32)),
+        constexprs={**common, "H": h, **blocks, "BANDED": opts.band.banded, "SOFTCAP": opts.softcap > 0},
+        options=p["options"], extras=Operands(slopes=slopes)))
+    if one:
+        out, lse2 = out[0], lse2[0]
+    else:
+        blocks, options = pick_config(target, "decode_combine", d, q.dtype, rows)
+        out, lse2 = run(_launch._launch(
+            decode.attn_decode_combine, grid=(-(-sq * h // blocks["BLOCK_M"]), b),
+            inputs=dict(Parts=out, PartLse=lse2, seq_q=sq, n_split=splits),
+            out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
+            constexprs=dict(H=h, HEAD_DIM=d, BLOCK_D=bd, **blocks), options=options))
+    return out, lse2 * np.float32(LN2), k_cache, v_cache
+
+
+def record_launches(target: str, head_dim: int, dtype) -> list[tuple[str, _launch.Launch]]:
+    """The launches of representative calls, named for amd_report (traced abstractly: nothing runs or is
+    allocated; the compiled code depends only on the constexprs): "decode" (a decode step, 32 query / 8
+    kv heads: 4 packed rows, split), "decode_combine", "kv_append" (paged), "decode+paged" (page 64) and
+    "decode+chunk" (chunked prefill: full row blocks, the causal band)."""
+    recorded = []
+
+    def run(launch):
+        recorded.append(launch)
+        return tuple(jnp.zeros(s.shape, s.dtype) for s in launch.out_shapes)
+
+    sds = jax.ShapeDtypeStruct
+    dtype = jnp.dtype(dtype)
+    opts = Options("triton", head_dim ** -0.5, Band.of(True, (-1, -1), 1, 4096), num_splits=4)
+    chunk = dataclasses.replace(opts, band=Band.of(True, (-1, -1), 64, 4096), num_splits=1)
+
+    def calls(q1, q_chunk, cache, pages, new, lens, table):
+        launches(run, target, opts, q1, cache, cache, lens, None, None, None, None)
+        launches(run, target, opts, q1, pages, pages, lens, new, new, table, None)
+        launches(run, target, chunk, q_chunk, cache, cache, lens, None, None, None, None)
+
+    jax.eval_shape(calls, sds((8, 1, 32, head_dim), dtype), sds((8, 64, 32, head_dim), dtype),
+                   sds((8, 4096, 8, head_dim), dtype), sds((512, 64, 8, head_dim), dtype),
+                   sds((8, 1, 8, head_dim), dtype), sds((8,), jnp.int32), sds((8, 64), jnp.int32))
+    names = ["decode", "decode_combine", "kv_append", "decode+paged", "decode_combine", "decode+chunk"]
+    assert len(recorded) == len(names), [launch.kernel.__name__ for launch in recorded]
+    out = {}
+    for name, launch in zip(names, recorded):
+        out.setdefault(name, launch)
+    return list(out.items())

@@ -1,0 +1,340 @@
+"""attention_with_kvcache (decode, chunked prefill, paged caches) against a float64 oracle of the same
+attention on the concatenated sequences, for every implementation; the updated caches against the
+concatenation itself; Flax decoding step by step against the full causal forward; errors."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jax_flash_amd
+import oracle
+from helpers import KERNEL_IMPLS, ON_GPU, assert_close
+from jax_flash_amd import kvcache
+
+IMPLS = KERNEL_IMPLS + ["xla"]
+
+
+def _case(batch, seq_q, heads, heads_kv, d, lens, capacity, seq_new, dtype, page=None, seed=0, spare_pages=3):
+    """Inputs of one call, and the logical (unpaged) caches. Cache positions past each row's final length
+    (lens + seq_new) and pages no row uses hold NaN: a read of them would show."""
+    rng = np.random.default_rng(seed)
+    f = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    lens = np.asarray(lens, np.int32)
+    logical_k, logical_v = f(batch, capacity, heads_kv, d), f(batch, capacity, heads_kv, d)
+    for b in range(batch):
+        logical_k[b, lens[b] + seq_new:] = np.nan
+        logical_v[b, lens[b] + seq_new:] = np.nan
+    case = dict(q=f(batch, seq_q, heads, d), lens=lens, logical=(logical_k, logical_v), block_table=None,
+                k=f(batch, seq_new, heads_kv, d) if seq_new else None, v=f(batch, seq_new, heads_kv, d) if seq_new else None)
+    if page is None:
+        case["caches"] = (logical_k, logical_v)
+    else:
+        max_pages = capacity // page
+        num_pages = batch * max_pages + spare_pages
+        order = rng.permutation(num_pages)  # pages shuffled: a row's pages lie anywhere
+        table = order[:batch * max_pages].reshape(batch, max_pages).astype(np.int32)
+        caches = []
+        for logical in (logical_k, logical_v):
+            paged = np.full((num_pages, page, heads_kv, d), np.nan, np.float32)
+            paged[table.reshape(-1)] = logical.reshape(batch * max_pages, page, heads_kv, d)
+            caches.append(paged)
+        case["caches"], case["block_table"] = tuple(caches), table
+    cast = lambda x: None if x is None else jnp.asarray(x, dtype)  # noqa: E731
+    case["q"], case["k"], case["v"] = cast(case["q"]), cast(case["k"]), cast(case["v"])
+    case["caches"] = tuple(cast(c) for c in case["caches"])
+    return case
+
+
+def _expected_caches(case):
+    """The caches with k, v written at lens (NumPy, exact)."""
+    kc, vc = (np.array(c) for c in case["caches"])
+    if case["k"] is None:
+        return kc, vc
+    k, v = np.asarray(case["k"]), np.asarray(case["v"])
+    table, lens = case["block_table"], case["lens"]
+    for b in range(k.shape[0]):
+        for t in range(k.shape[1]):
+            p = lens[b] + t
+            if table is None:
+                kc[b, p], vc[b, p] = k[b, t], v[b, t]
+            else:
+                page = kc.shape[1]
+                kc[table[b, p // page], p % page], vc[table[b, p // page], p % page] = k[b, t], v[b, t]
+    return kc, vc
+
+
+def _rows(case):
+    """Each row's keys and values after appending: the concatenation of its cache and k, v."""
+    lk, lv = case["logical"]
+    out = []
+    for b in range(len(case["lens"])):
+        n = case["lens"][b]
+        keys, values = lk[b, :n], lv[b, :n]
+        if case["k"] is not None:
+            keys = np.concatenate([keys, np.asarray(case["k"][b]).astype(np.float32)])
+            values = np.concatenate([values, np.asarray(case["v"][b]).astype(np.float32)])
+        out.append((keys.astype(np.asarray(case["q"]).dtype), values.astype(np.asarray(case["q"]).dtype)))
+    return out
+
+
+def _references(case, causal=True, window=(-1, -1), softcap=0.0, alibi=None, scale=None):
+    """(float64 oracle, same-dtype reference): each row alone, jax_flash_amd.attention's xla
+    implementation on its concatenated keys (the rule's "same-dtype computation")."""
+    q = case["q"]
+    batch, seq_q, heads, d = q.shape
+    ref = dict(out=np.zeros((batch, seq_q, heads, d)), lse=np.full((batch, heads, seq_q), -np.inf))
+    base = dict(out=np.zeros((batch, seq_q, heads, d), np.float32), lse=np.full((batch, heads, seq_q), -np.inf))
+    for b, (keys, values) in enumerate(_rows(case)):
+        if keys.shape[0] == 0:
+            continue
+        slopes = None if alibi is None else np.asarray(alibi)[b:b + 1]
+        r = oracle.attention(q[b:b + 1], keys[None], values[None], np.zeros(q[b:b + 1].shape), causal=causal,
+                             scale=scale, window=window, softcap=softcap, alibi=slopes)
+        ref["out"][b], ref["lse"][b] = r["out"][0], r["lse"][0]
+        o, lse = jax_flash_amd.attention(q[b:b + 1], jnp.asarray(keys)[None], jnp.asarray(values)[None], causal=causal,
+                                         softmax_scale=scale, window_size=window, softcap=softcap,
+                                         alibi_slopes=None if slopes is None else jnp.asarray(slopes), return_lse=True,
+                                         implementation="xla")
+        base["out"][b], base["lse"][b] = np.asarray(o.astype(jnp.float32))[0], np.asarray(lse)[0]
+    return ref, base
+
+
+def _call(impl, case, **kw):
+    """One jitted call: dict(out, lse, k_cache, v_cache)."""
+    def f(q, kc, vc, lens, k, v, table):
+        res = jax_flash_amd.attention_with_kvcache(q, kc, vc, lens, k=k, v=v, block_table=table, return_lse=True,
+                                                   implementation=impl, **kw)
+        return dict(zip(("out", "lse", "k_cache", "v_cache"), res))
+
+    table = None if case["block_table"] is None else jnp.asarray(case["block_table"])
+    return jax.jit(f)(case["q"], *case["caches"], jnp.asarray(case["lens"]), case["k"], case["v"], table)
+
+
+def _bits(x):
+    x = np.asarray(x)
+    return x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint32)
+
+
+def _kw(**kw):
+    """attention_with_kvcache's names for _check's options."""
+    names = dict(window="window_size", alibi="alibi_slopes", scale="softmax_scale")
+    return {names.get(k, k): (jnp.asarray(v) if k == "alibi" else v) for k, v in kw.items()}
+
+
+def _run_check(impl, case, num_splits=0, **kw):
+    got = _call(impl, case, num_splits=num_splits, **_kw(**kw))
+    ref, base = _references(case, **kw)
+    assert_close(got, ref, base, case["q"].dtype, names=("out", "lse"))
+    if case["k"] is not None:
+        for got_cache, want in zip((got["k_cache"], got["v_cache"]), _expected_caches(case)):
+            np.testing.assert_array_equal(_bits(got_cache), _bits(want.astype(got_cache.dtype)))
+    return got
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+def test_decode_ragged_lengths(impl, dtype):
+    """Decode (seq_q 1), grouped-query 4:1, head_dim 24, rows of 0, 17 and 49 cached keys (the last then
+    fills the cache), keys split 3 ways (the kernels; the first row's splits see 1 key or none)."""
+    case = _case(3, 1, 4, 1, 24, [0, 17, 49], 50, 1, dtype)
+    _run_check(impl, case, num_splits=3)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("seq_q", [1, 4, 17])
+def test_chunks_on_shuffled_pages(impl, seq_q):
+    """seq_q new positions appended and attended causally (speculative decoding / chunked prefill) on a
+    paged cache whose pages are shuffled; 8 query / 2 key-value heads (32:8 scaled down)."""
+    case = _case(2, seq_q, 8, 2, 16, [5, 40 - seq_q], 64, seq_q, jnp.float16, page=16, seed=seq_q)
+    _run_check(impl, case)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_multi_query_pages_of_32_without_append(impl):
+    """MQA (3 query heads, 1 key/value head), page 32, no new keys: rows of 0 (output 0, lse -inf), 31,
+    32 and 95 keys; head_dim 40."""
+    case = _case(4, 1, 3, 1, 40, [0, 31, 32, 95], 96, 0, jnp.bfloat16, page=32, seed=3)
+    got = _run_check(impl, case)
+    assert np.all(np.asarray(got["out"][0]) == 0) and np.all(np.isneginf(np.asarray(got["lse"][0])))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("variant", ["window", "softcap_alibi", "noncausal_window"])
+def test_variants(impl, variant):
+    """Sliding window, softcap and ALiBi, each aligned to the row's own length; seq_q 4."""
+    case = _case(2, 4, 4, 2, 16, [9, 30], 48, 4, jnp.bfloat16, seed=7)
+    kw = dict(window=dict(window=(7, 0)),
+              softcap_alibi=dict(softcap=2.0, alibi=np.array([[0.3, 0.1, 0.05, 0.5], [0.2, 0.4, 0.0, 1.0]],
+                                                              np.float32)),
+              noncausal_window=dict(causal=False, window=(5, 2), scale=0.3))[variant]
+    _run_check(impl, case, **kw)
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_splits_agree(impl):
+    """1, 2 and 5 key splits (the combine step) give the same output up to float32 rounding."""
+    case = _case(1, 2, 4, 1, 16, [70], 80, 2, jnp.float32, seed=11)
+    outs = [_call(impl, case, num_splits=n) for n in (1, 2, 5)]
+    for o in outs[1:]:
+        np.testing.assert_allclose(np.asarray(o["out"]), np.asarray(outs[0]["out"]), atol=2e-6, rtol=2e-6)
+        np.testing.assert_allclose(np.asarray(o["lse"]), np.asarray(outs[0]["lse"]), atol=2e-6, rtol=2e-6)
+
+
+def test_split_rule():
+    """From batch x heads_kv and the compute units: fill the GPU, within the limits of the rule's data."""
+    rule = jax_flash_amd.kernels.configs.DECODE_SPLITS["cuda"]
+    assert kvcache.num_splits("cuda", 64, 32768, 64, cus=132) == 132 * rule["programs_per_cu"] // 64
+    assert kvcache.num_splits("cuda", 8, 131072, 64, cus=132) == min(rule["max_splits"], 132 * rule["programs_per_cu"] // 8)
+    assert kvcache.num_splits("cuda", 1024, 32768, 64, cus=132) == 1  # enough programs already
+    assert kvcache.num_splits("cuda", 1, 256, 64, cus=132) == 1  # too few keys to split
+    assert kvcache.num_splits("gfx942", 64, 32768, 64, cus=304) == 304 * 2 // 64
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_overflow_under_jit_writes_nothing_outside_the_row(impl):
+    """Traced cache_seqlens cannot be checked: positions past a row's capacity are dropped, other rows'
+    pages and spare pages stay bit for bit (eager calls raise instead, test_errors below)."""
+    case = _case(2, 3, 2, 1, 16, [30, 4], 32, 3, jnp.float32, page=16, seed=5)
+    got = _call(impl, case)
+    kc = np.asarray(got["k_cache"])
+    want = np.array(case["caches"][0])
+    table = case["block_table"]
+    want[table[0, 1], 14:16] = np.asarray(case["k"][0, :2])  # positions 30, 31 of row 0; 32 is dropped
+    want[table[1, 0], 4:7] = np.asarray(case["k"][1])
+    np.testing.assert_array_equal(_bits(kc), _bits(want))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_donated_cache_under_jit(impl):
+    """The usual decode loop: caches donated to a jitted step, updated in place (on a GPU the kernel's
+    output is the donated buffer itself)."""
+    case = _case(2, 1, 4, 2, 16, [3, 9], 32, 1, jnp.bfloat16, seed=2)
+    step = jax.jit(functools.partial(jax_flash_amd.attention_with_kvcache, implementation=impl),
+                   donate_argnums=(1, 2))
+    kc, vc = (jnp.array(c) for c in case["caches"])
+    pointer = kc.unsafe_buffer_pointer() if ON_GPU else None
+    out, kc2, vc2 = step(case["q"], kc, vc, jnp.asarray(case["lens"]), k=case["k"], v=case["v"])
+    if ON_GPU and impl == "triton":
+        assert kc2.unsafe_buffer_pointer() == pointer
+    for got_cache, want in zip((kc2, vc2), _expected_caches(case)):
+        np.testing.assert_array_equal(_bits(got_cache), _bits(want.astype(got_cache.dtype)))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_not_differentiable(impl):
+    case = _case(1, 1, 2, 1, 16, [4], 16, 0, jnp.float32)
+    kc, vc = case["caches"]
+    with pytest.raises(TypeError, match="forward only"):
+        jax.grad(lambda q: jax_flash_amd.attention_with_kvcache(q, kc, vc, 4, implementation=impl).sum())(case["q"])
+
+
+def test_int_cache_seqlens_and_return_structure():
+    case = _case(2, 1, 2, 1, 16, [5, 5], 16, 1, jnp.float32)
+    kc, vc = case["caches"]
+    out = jax_flash_amd.attention_with_kvcache(case["q"], kc, vc, 5, implementation="xla")
+    assert out.shape == case["q"].shape
+    out, lse = jax_flash_amd.attention_with_kvcache(case["q"], kc, vc, 5, return_lse=True, implementation="xla")
+    assert lse.shape == (2, 2, 1)
+    res = jax_flash_amd.attention_with_kvcache(case["q"], kc, vc, 5, k=case["k"], v=case["v"], implementation="xla")
+    assert len(res) == 3 and res[1].shape == kc.shape
+
+
+# ----- Flax: decoding step by step (and a prefill chunk) equals the full causal forward -----
+
+X = jax.random.normal(jax.random.key(0), (2, 11, 48), jnp.float32)
+
+
+def _close(a, b, tol=2e-5):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=tol, rtol=tol)
+
+
+@pytest.fixture
+def _fp32_matmuls():
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_flax_decode_equals_causal_forward(impl, _fp32_matmuls):
+    """linen and nnx (grouped-query, 4 query / 2 kv heads): a 5-position prefill chunk, then one position
+    per call, through the KV-cache kernels, equals the full causal forward."""
+    layer = jax_flash_amd.FlashSelfAttention(num_heads=4, causal=True, implementation=impl)
+    params = layer.init(jax.random.key(1), X)
+    full = layer.apply(params, X)
+    step = jax_flash_amd.FlashSelfAttention(num_heads=4, causal=True, decode=True, implementation=impl)
+    cache = step.init(jax.random.key(1), X)["cache"]
+    apply = jax.jit(lambda cache, x: step.apply({**params, "cache": cache}, x, mutable=["cache"]))
+    out, mutated = apply(cache, X[:, :5])
+    _close(out, full[:, :5])
+    cache = mutated["cache"]
+    for i in range(5, X.shape[1]):
+        out, mutated = apply(cache, X[:, i:i + 1])
+        cache = mutated["cache"]
+        _close(out[:, 0], full[:, i])
+    assert int(cache["cache_index"]) == X.shape[1]
+
+    model = jax_flash_amd.nnx.FlashSelfAttention(4, 48, num_kv_heads=2, causal=True, decode=True, implementation=impl,
+                                                 rngs=nnx.Rngs(0))
+    full = model(X, decode=False)
+    model.init_cache(X.shape)
+    _close(model(X[:, :5]), full[:, :5])
+    for i in range(5, X.shape[1]):
+        _close(model(X[:, i:i + 1])[:, 0], full[:, i])
+
+
+# ----- errors -----
+
+Q = jnp.zeros((2, 1, 4, 16), jnp.float16)
+C = jnp.zeros((2, 32, 2, 16), jnp.float16)
+P = jnp.zeros((6, 16, 2, 16), jnp.float16)  # 6 pages of 16
+T = jnp.array([[0, 1], [2, 3]], jnp.int32)
+L = jnp.array([3, 4], jnp.int32)
+N = jnp.zeros((2, 1, 2, 16), jnp.float16)
+
+
+@pytest.mark.parametrize("args,kwargs,exc,match", [
+    ((Q[0], C, C, L), {}, ValueError, "q must have rank 4"),
+    ((Q, C, C[:, :8], L), {}, ValueError, "k_cache and v_cache must have the same shape"),
+    ((Q, C.astype(jnp.float32), C.astype(jnp.float32), L), {}, TypeError, "k_cache must have q's dtype"),
+    ((Q.astype(jnp.int32), C, C, L), {}, TypeError, "q must be float16, bfloat16 or float32"),
+    ((Q, C.astype(jnp.float8_e4m3fn), C.astype(jnp.float8_e4m3fn), L), {}, TypeError, "float8 caches"),
+    ((Q[..., :3, :], C, C, L), {}, ValueError, "must be a multiple of the cache's key/value heads"),
+    ((Q[..., :8], C, C, L), {}, ValueError, "head_dim"),
+    ((Q, C[:1], C[:1], L), {}, ValueError, "contiguous k_cache must be .* with q's batch"),
+    ((Q, C, C, L[:1]), {}, ValueError, r"cache_seqlens must have shape \(batch,\)"),
+    ((Q, C, C, L.astype(jnp.float32)), {}, TypeError, "cache_seqlens must be an int or an integer array"),
+    ((Q, C, C, jnp.array([3, -1])), {}, ValueError, "cache_seqlens must be >= 0"),
+    ((Q, C, C, jnp.array([3, 32])), {"k": N, "v": N}, ValueError, "at most the cache capacity 32"),
+    ((Q, C, C, L), {"k": N}, ValueError, "k and v .* must be given together"),
+    ((Q, C, C, L), {"k": N[:, :, :1], "v": N[:, :, :1]}, ValueError, "k must have shape"),
+    ((Q, C, C, L), {"k": N.astype(jnp.float32), "v": N.astype(jnp.float32)}, TypeError, "k must have q's dtype"),
+    ((Q, P, P, L), {"block_table": T[:1]}, ValueError, r"block_table must have shape \(batch, max_pages\)"),
+    ((Q, P, P, L), {"block_table": T.astype(jnp.float32)}, TypeError, "block_table must be an integer array"),
+    ((Q, P, P, jnp.array([20, 4])), {"block_table": jnp.array([[0, 9], [2, 3]])}, ValueError,
+     r"block_table\[0, 1\] = 9 is outside"),
+    ((Q, P, P, jnp.array([33, 4])), {"block_table": T}, ValueError, "at most the cache capacity 32"),
+    ((Q, P[:, :8], P[:, :8], L), {"block_table": T, "implementation": "interpret"}, ValueError,
+     "page_size .* must be a multiple of 16"),
+    ((Q, C, C, L), {"window_size": (-2, 0)}, ValueError, "window_size values must be >= 0"),
+    ((Q, C, C, L), {"softcap": -1.0}, ValueError, "softcap must be a finite number >= 0"),
+    ((Q, C, C, L), {"alibi_slopes": jnp.zeros((3,))}, ValueError, "alibi_slopes must have shape"),
+    ((Q, C, C, L), {"softmax_scale": 0.0}, ValueError, "softmax_scale must be a finite number > 0"),
+    ((Q, C, C, L), {"num_splits": -1}, ValueError, "num_splits must be an int >= 0"),
+    ((Q, C, C, L), {"causal": 1}, TypeError, "causal must be a Python bool"),
+    ((Q, C, C, L), {"implementation": "cuda"}, ValueError, "implementation must be one of"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_errors(args, kwargs, exc, match):
+    kwargs = {"implementation": "xla", **kwargs}
+    if kwargs["implementation"] == "interpret" and ON_GPU:
+        pytest.skip("the interpreter runs on CPU-only machines")
+    with pytest.raises(exc, match=match):
+        jax_flash_amd.attention_with_kvcache(*args, **kwargs)
+
+
+def test_unused_block_table_entries_may_be_anything():
+    table = jnp.array([[0, -1], [2, 99]], jnp.int32)  # rows of 3 and 4 keys use one page each
+    out = jax_flash_amd.attention_with_kvcache(Q, P, P, L, block_table=table, implementation="xla")
+    assert out.shape == Q.shape
