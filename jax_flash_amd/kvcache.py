@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash_amd import _dispatch, _launch
+from jax_flash_amd import _dispatch, _launch, fp8
 from jax_flash_amd._config_choice import block_d, pick_config
 from jax_flash_amd.api import MAX_HEAD_DIM, _check_flag, _check_scale, _check_slopes, _check_softcap, _check_window
 from jax_flash_amd.kernels import configs, decode
@@ -33,19 +33,21 @@ NO_GRADIENT = ("jax_flash_amd.attention_with_kvcache is forward only (inference)
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block_table=None,
                            causal: bool = True, softmax_scale: float | None = None,
                            window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
-                           return_lse: bool = False, num_splits: int = 0, implementation: str | None = None):
+                           k_descale=None, v_descale=None, return_lse: bool = False, num_splits: int = 0,
+                           implementation: str | None = None):
     """Attention of new queries against a key/value cache, with FlashAttention's semantics
     (flash_attn_with_kvcache): decoding (seq_q 1), speculative decoding or chunked prefill (seq_q > 1).
 
     Args:
       q: (batch, seq_q, heads_q, head_dim) float16, bfloat16 or float32; seq_q >= 1.
-      k_cache, v_cache: the cache, q's dtype. Contiguous: (batch, capacity, heads_kv, head_dim). Paged
-        (with block_table): (num_pages, page_size, heads_kv, head_dim); the kernels need page_size a
-        multiple of 16. heads_q a multiple of heads_kv (grouped-query / multi-query attention).
+      k_cache, v_cache: the cache, q's dtype, or a float8 type with k_descale / v_descale. Contiguous:
+        (batch, capacity, heads_kv, head_dim). Paged (with block_table): (num_pages, page_size, heads_kv,
+        head_dim); the kernels need page_size a multiple of 16. heads_q a multiple of heads_kv
+        (grouped-query / multi-query attention).
       cache_seqlens: (batch,) integer array (or one int for every row): the keys already in each row's
         cache (0 allowed). Row b attends to keys 0 .. cache_seqlens[b] + seq_new - 1; a row with none
         gets output 0 (lse -inf).
-      k, v: optional new keys / values (batch, seq_new, heads_kv, head_dim), q's dtype: written into the
+      k, v: optional new keys / values (batch, seq_new, heads_kv, head_dim), the cache's dtype: written into the
         cache at positions cache_seqlens[b] .. cache_seqlens[b] + seq_new - 1 before attending, and the
         updated caches returned. The kernels write them in place (the caches are aliased to the
         outputs), so a cache donated to a jitted call (donate_argnums) is updated without a copy.
@@ -56,6 +58,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
       softmax_scale, window_size, softcap, alibi_slopes: as in jax_flash_amd.attention, aligned the same
         way against L (window: i + L - seq_q - left <= j <= i + L - seq_q + right; ALiBi distance
         |i + L - seq_q - j|).
+      k_descale, v_descale: (batch, heads_kv) float dequantisation factors of float8 caches (required with
+        them): k ~= k_fp8 * k_descale (jax_flash_amd.quantize_fp8 makes both; new k / v must be quantised
+        with the same factors). float8_e4m3fn on NVIDIA and gfx950, float8_e4m3fnuz on gfx942; q stays
+        float16 / bfloat16: the kernels widen each K / V tile to q's type in registers (exact), so an fp8 cache
+        halves the bytes read; logits are scaled by softmax_scale * k_descale, the output by v_descale.
       return_lse: also return the logsumexp (batch, heads_q, seq_q) float32, natural log.
       num_splits: key splits of the split-KV kernel (0: chosen from batch x heads_kv and the GPU's
         SM / CU count, kernels/configs.py DECODE_SPLITS). Ignored by "xla".
@@ -81,6 +88,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
         raise ValueError(f"num_splits must be an int >= 0 (0: chosen automatically); got {num_splits!r}")
     q, k_cache, v_cache, k, v, block_table = _check_arrays(q, k_cache, v_cache, k, v, block_table)
     batch, seq_q, heads, head_dim = q.shape
+    descales = _check_descales(k_cache, k_descale, v_descale, batch)
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     seq_new = 0 if k is None else k.shape[1]
@@ -88,12 +96,15 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     slopes = _check_slopes(alibi_slopes, batch, heads)
     scale = _check_scale(softmax_scale, head_dim)
     impl = _dispatch.choose_implementation(implementation)
+    if descales and impl != "xla":
+        fp8.check_supported(_dispatch.backend(impl)[1], k_cache.dtype)
     if paged:
         _check_block_table(block_table, cache_seqlens, seq_new, k_cache.shape[0], k_cache.shape[1])
     if impl != "xla":
         _check_kernel_limits(q, k_cache, paged)
     opts = Options(impl, scale, Band.of(causal, window, seq_q, max(capacity, 1)), softcap, num_splits)
-    out, lse, k_cache, v_cache = _forward_only(opts)(q, k_cache, v_cache, cache_seqlens, k, v, block_table, slopes)
+    extras = Operands(slopes=slopes, **descales)
+    out, lse, k_cache, v_cache = _forward_only(opts)(q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras)
     result = (out, lse) if return_lse else (out,)
     if k is not None:
         result += (k_cache, v_cache)
@@ -124,15 +135,22 @@ def _check_arrays(q, k_cache, v_cache, k, v, block_table):
             raise TypeError(f"{name} must be an array; got {type(x).__name__}")
         if x.ndim != 4:
             raise ValueError(f"{name} must have rank 4; got shape {tuple(x.shape)}")
-        if jnp.dtype(x.dtype) not in [jnp.dtype(d) for d in _DTYPES]:
-            raise TypeError(f"{name} must be float16, bfloat16 or float32 (float8 caches are not supported); "
-                            f"got {jnp.dtype(x.dtype)}")
+        allowed = [jnp.dtype(d) for d in _DTYPES] + (list(fp8.TYPES) if name != "q" else [])
+        if jnp.dtype(x.dtype) not in allowed:
+            raise TypeError(f"{name} must be float16, bfloat16 or float32" + (" (or a float8 type for the cache)"
+                                                                               if name != "q" else "")
+                            + f"; got {jnp.dtype(x.dtype)}")
     q, k_cache, v_cache = jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache)
     if (k is None) != (v is None):
         raise ValueError("k and v (the new keys and values) must be given together")
-    for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
-        if x is not None and x.dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {q.dtype}; got {x.dtype}")
+    if not fp8.is_fp8(k_cache.dtype) and k_cache.dtype != q.dtype:
+        raise TypeError(f"k_cache must have q's dtype {q.dtype} (or a float8 type); got {k_cache.dtype}")
+    if fp8.is_fp8(k_cache.dtype) and q.dtype == jnp.float32:
+        raise TypeError(f"a {k_cache.dtype} cache takes float16 or bfloat16 queries (its tiles are widened to q's "
+                        "type); got float32")
+    for name, x in (("v_cache", v_cache), ("k", k), ("v", v)):
+        if x is not None and x.dtype != k_cache.dtype:
+            raise TypeError(f"{name} must have k_cache's dtype {k_cache.dtype}; got {x.dtype}")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache must have the same shape; got {k_cache.shape} and {v_cache.shape}")
     batch, seq_q, heads, head_dim = q.shape
@@ -171,6 +189,26 @@ def _check_arrays(q, k_cache, v_cache, k, v, block_table):
         if k.shape != v.shape:
             raise ValueError(f"k and v must have the same shape; got {k.shape} and {v.shape}")
     return q, k_cache, v_cache, k, v, block_table
+
+
+def _check_descales(k_cache, k_descale, v_descale, batch: int) -> dict:
+    """{} for 16/32-bit caches; for float8 ones {k_descale, v_descale} as (batch, heads_kv) float32."""
+    given = dict(k_descale=k_descale, v_descale=v_descale)
+    if not fp8.is_fp8(k_cache.dtype):
+        passed = [name for name, x in given.items() if x is not None]
+        if passed:
+            raise ValueError(f"{', '.join(passed)} only apply to float8 caches; the cache is {k_cache.dtype}")
+        return {}
+    shape = (batch, k_cache.shape[2])
+    for name, x in given.items():
+        if x is None:
+            raise ValueError(f"a {k_cache.dtype} cache needs {name}, a (batch, heads_kv) = {shape} float array of "
+                             "dequantisation factors (jax_flash_amd.quantize_fp8 returns them)")
+        if not _is_array(x) or not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"{name} must be a floating array; got {getattr(x, 'dtype', type(x).__name__)}")
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name} must have shape (batch, heads_kv) = {shape}; got {tuple(x.shape)}")
+    return {name: jnp.asarray(x, jnp.float32) for name, x in given.items()}
 
 
 def _concrete(x):
@@ -289,14 +327,16 @@ def _rows(cache, block_table):
     return pages.reshape(block_table.shape[0], -1, *cache.shape[2:])
 
 
-def _xla(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, slopes):
+def _xla(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras: Operands):
     """The pure-JAX reference: (out, lse, k_cache, v_cache); the kernels' numerics (logits in float32
-    from dots of the input dtype, P rounded to it before the PV dot, float32 accumulation)."""
+    from dots of the input dtype, P rounded to it before the PV dot, float32 accumulation; float8 caches
+    widened to q's type, logits scaled by k_descale, the output by v_descale)."""
+    slopes = extras.slopes
     seq_new = 0 if k is None else k.shape[1]
     start, lengths = _lengths(cache_seqlens, seq_new, _capacity(k_cache, block_table))
     if k is not None:
         k_cache, v_cache = _append_xla(k_cache, v_cache, k, v, start, block_table)
-    keys, values = _rows(k_cache, block_table), _rows(v_cache, block_table)
+    keys, values = (_rows(c, block_table).astype(q.dtype) for c in (k_cache, v_cache))
     b, sq, h, d = q.shape
     t, h_kv = keys.shape[1], keys.shape[2]
     g = h // h_kv
@@ -304,8 +344,11 @@ def _xla(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, s
     present = j < lengths[:, None, None]  # (B, 1, T)
     # positions past a row's length may hold anything (NaN included): never multiplied by P = 0
     values = jnp.where(present[:, 0, :, None, None], values, jnp.zeros((), values.dtype))
+    scale = opts.softmax_scale
+    if extras.k_descale is not None:
+        scale = scale * extras.k_descale[:, :, None, None, None]  # (b, h_kv, 1, 1, 1)
     s = jnp.einsum("bqhgd,bkhd->bhgqk", q.reshape(b, sq, h_kv, g, d), keys, preferred_element_type=jnp.float32,
-                   precision=_HIGHEST) * opts.softmax_scale
+                   precision=_HIGHEST) * scale
     if opts.softcap > 0:
         s = opts.softcap * jnp.tanh(s / opts.softcap)
     i = jnp.arange(sq)[None, :, None]  # (1, Sq, 1)
@@ -324,6 +367,8 @@ def _xla(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, s
     acc = jnp.einsum("bhgqk,bkhd->bqhgd", p.astype(q.dtype), values, preferred_element_type=jnp.float32,
                      precision=_HIGHEST)
     out = acc / jnp.transpose(jnp.where(empty, 1.0, l), (0, 3, 1, 2))[..., None]
+    if extras.v_descale is not None:
+        out = out * extras.v_descale[:, None, :, None, None]
     lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
     return out.reshape(q.shape).astype(q.dtype), lse.reshape(b, h, sq), k_cache, v_cache
 
@@ -369,16 +414,16 @@ def plan(target: str, q, k_cache, block_table, num_splits_wanted: int = 0, rows=
                 splits=splits)
 
 
-def _kernels(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, slopes, *, rows=None):
+def _kernels(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras: Operands, *, rows=None):
     """The kernels (triton or interpret): (out, lse, k_cache, v_cache)."""
     run, target = _dispatch.backend(opts.implementation)
-    return launches(run, target, opts, q, k_cache, v_cache, cache_seqlens, k, v, block_table, slopes, rows=rows)
+    return launches(run, target, opts, q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras, rows=rows)
 
 
-def launches(run, target: str, opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, slopes,
-             rows=None):
-    """Append (if k), decode, combine (if split): (out, lse natural, k_cache, v_cache). rows: {kernel: config
-    row} overriding configs.py's (benchmark sweeps)."""
+def launches(run, target: str, opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table,
+             extras: Operands = Operands(), rows=None):
+    """Append (if k), decode, combine (if split): (out, lse natural, k_cache, v_cache). extras: ALiBi slopes,
+    float8 descales. rows: {kernel: config row} overriding configs.py's (benchmark sweeps)."""
     b, sq, h, d = q.shape
     paged = block_table is not None
     num_pages, page = k_cache.shape[:2]
@@ -413,8 +458,9 @@ def launches(run, target: str, opts: Options, q, k_cache, v_cache, cache_seqlens
                     num_pages=num_pages),
         out_shapes=(jax.ShapeDtypeStruct((splits, b, sq, h, d), q.dtype if one else jnp.float32),
                     jax.ShapeDtypeStruct((splits, b, h, sq), jnp.float32)),
-        constexprs={**common, "H": h, **blocks, "BANDED": opts.band.banded, "SOFTCAP": opts.softcap > 0},
-        options=p["options"], extras=Operands(slopes=slopes)))
+        constexprs={**common, "H": h, **blocks, "BANDED": opts.band.banded, "SOFTCAP": opts.softcap > 0,
+                    "FP8_KV": fp8.is_fp8(k_cache.dtype)},
+        options=p["options"], extras=extras))
     if one:
         out, lse2 = out[0], lse2[0]
     else:
@@ -430,8 +476,9 @@ def launches(run, target: str, opts: Options, q, k_cache, v_cache, cache_seqlens
 def record_launches(target: str, head_dim: int, dtype) -> list[tuple[str, _launch.Launch]]:
     """The launches of representative calls, named for amd_report (traced abstractly: nothing runs or is
     allocated; the compiled code depends only on the constexprs): "decode" (a decode step, 32 query / 8
-    kv heads: 4 packed rows, split), "decode_combine", "kv_append" (paged), "decode+paged" (page 64) and
-    "decode+chunk" (chunked prefill: full row blocks, the causal band)."""
+    kv heads: 4 packed rows, split), "decode_combine", "kv_append" (paged), "decode+paged" (page 64),
+    "decode+chunk" (chunked prefill: full row blocks, the causal band) and, where the target runs a float8
+    type, "decode+fp8" (a cache of that type)."""
     recorded = []
 
     def run(launch):
@@ -443,15 +490,23 @@ def record_launches(target: str, head_dim: int, dtype) -> list[tuple[str, _launc
     opts = Options("triton", head_dim ** -0.5, Band.of(True, (-1, -1), 1, 4096), num_splits=4)
     chunk = dataclasses.replace(opts, band=Band.of(True, (-1, -1), 64, 4096), num_splits=1)
 
-    def calls(q1, q_chunk, cache, pages, new, lens, table):
-        launches(run, target, opts, q1, cache, cache, lens, None, None, None, None)
-        launches(run, target, opts, q1, pages, pages, lens, new, new, table, None)
-        launches(run, target, chunk, q_chunk, cache, cache, lens, None, None, None, None)
+    fp8_types = sorted(fp8.SUPPORTED.get(target, ()), key=str)[:1]
+
+    def calls(q1, q_chunk, cache, pages, new, lens, table, descale):
+        launches(run, target, opts, q1, cache, cache, lens, None, None, None)
+        launches(run, target, opts, q1, pages, pages, lens, new, new, table)
+        launches(run, target, chunk, q_chunk, cache, cache, lens, None, None, None)
+        for t in fp8_types:
+            cache8 = jnp.zeros(cache.shape, t)
+            launches(run, target, opts, q1, cache8, cache8, lens, None, None, None,
+                     Operands(k_descale=descale, v_descale=descale))
 
     jax.eval_shape(calls, sds((8, 1, 32, head_dim), dtype), sds((8, 64, 32, head_dim), dtype),
                    sds((8, 4096, 8, head_dim), dtype), sds((512, 64, 8, head_dim), dtype),
-                   sds((8, 1, 8, head_dim), dtype), sds((8,), jnp.int32), sds((8, 64), jnp.int32))
+                   sds((8, 1, 8, head_dim), dtype), sds((8,), jnp.int32), sds((8, 64), jnp.int32),
+                   sds((8, 8), jnp.float32))
     names = ["decode", "decode_combine", "kv_append", "decode+paged", "decode_combine", "decode+chunk"]
+    names += ["decode+fp8", "decode_combine"] * len(fp8_types)
     assert len(recorded) == len(names), [launch.kernel.__name__ for launch in recorded]
     out = {}
     for name, launch in zip(names, recorded):

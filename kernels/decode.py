@@ -45,7 +45,8 @@ def _decode_inner(acc, l_i, m_i, q, KCache, VCache, BlockTable, b, head_off, lo,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
                   PAGED: tl.constexpr, MASKED: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
                   ALIBI: tl.constexpr):
-    """Key blocks of [lo, hi) then [lo2, hi2): the forward's online softmax (fwd.py), rows packed."""
+    """Key blocks of [lo, hi) then [lo2, hi2): the forward's online softmax (fwd.py), rows packed. Tiles of
+    a float8 cache are widened to q's type (exact) in registers."""
     offs_d = tl.arange(0, BLOCK_D)
     rows = tl.arange(0, BLOCK_N)
     for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
@@ -54,6 +55,7 @@ def _decode_inner(acc, l_i, m_i, q, KCache, VCache, BlockTable, b, head_off, lo,
         off = _block_offset(BlockTable, b, start_n, capacity, max_pages, num_pages, STRIDE, PAGE, PAGED) + head_off
         # masked blocks load only keys < seq_k: positions past a row's length are never read
         k = load_tile(KCache + off, rows, offs_d, STRIDE, seq_k - start_n, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
+        k = k.to(q.dtype)  # a no-op but for float8 caches
         s, scale2, _ = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), pos[:, None], offs_n[None, :], 0, 0,
                               seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, MASKED=MASKED, BANDED=BANDED,
                               SEGMENTS=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI)  # [BM, BN]
@@ -65,20 +67,24 @@ def _decode_inner(acc, l_i, m_i, q, KCache, VCache, BlockTable, b, head_off, lo,
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = load_tile(VCache + off, rows, offs_d, STRIDE, seq_k - start_n, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
+        v = v.to(q.dtype)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def attn_decode(Q, KCache, VCache, BlockTable, SeqLens, Offsets, Slopes, sm_scale, softcap, seq_q, capacity,
-                max_pages, num_pages, Out, Lse, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-                BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-                PAGED: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+def attn_decode(Q, KCache, VCache, BlockTable, SeqLens, Offsets, Slopes, KDescale, VDescale, sm_scale, softcap, seq_q,
+                capacity, max_pages, num_pages, Out, Lse, H: tl.constexpr, KV_H: tl.constexpr,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                PAGE: tl.constexpr, PAGED: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
+                ALIBI: tl.constexpr, FP8_KV: tl.constexpr):
     """Out (splits, batch, seq_q, H, HEAD_DIM) and Lse (splits, batch, H, seq_q) fp32 base 2: each split's
     normalised output and lse (fp32 for the combine step; with one split, Out is the final output in
     q's dtype). capacity: keys per row of a contiguous cache; max_pages / num_pages: the block table's
-    width and the pages in the cache (paged). Slopes (batch, H) fp32 / ALIBI; softcap / SOFTCAP."""
+    width and the pages in the cache (paged). Slopes (batch, H) fp32 / ALIBI; softcap / SOFTCAP.
+    FP8_KV: float8 caches, k ~= k_fp8 * KDescale[b, h_kv] (likewise v; (batch, KV_H) fp32): the tiles
+    are widened to q's type, logits scaled by sm_scale * k_descale, the output by v_descale."""
     bh = tl.program_id(0)
     b = bh // KV_H
     h_kv = bh % KV_H
@@ -97,6 +103,10 @@ def attn_decode(Q, KCache, VCache, BlockTable, SeqLens, Offsets, Slopes, sm_scal
     q_rows = b.to(tl.int64) * seq_q * STRIDE_Q + pos * STRIDE_Q + head * HEAD_DIM  # [BM]
     q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=rows_ok[:, None] & d_ok[None, :], other=0.0)
 
+    v_descale = 1.0
+    if FP8_KV:
+        sm_scale = sm_scale * tl.load(KDescale + bh)
+        v_descale = tl.load(VDescale + bh)
     seq_k = tl.load(SeqLens + b)
     lo_off = tl.load(Offsets + 2 * b)
     hi_off = tl.load(Offsets + 2 * b + 1)
@@ -129,6 +139,8 @@ def attn_decode(Q, KCache, VCache, BlockTable, SeqLens, Offsets, Slopes, sm_scal
 
     empty = l_i == 0.0  # rows (or splits) that saw no key: output 0, lse -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if FP8_KV:
+        out = out * v_descale
     lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
     n_batch = tl.num_programs(0) // KV_H
     part = split.to(tl.int64) * n_batch * seq_q * STRIDE_Q

@@ -111,7 +111,7 @@ def export_kvcache(arch: str, head_dim: int, dtype):
             sds((2,), jnp.int32), sds((2, 1, 8, head_dim), dtype), sds((2, 1, 8, head_dim), dtype),
             sds((2, 16), jnp.int32))
     unchecked = [jax.export.DisabledSafetyCheck.custom_call(triton_lib.CUSTOM_CALL_TARGET_NAME)]
-    exported = jax.export.export(jax.jit(lambda *a: kvcache._forward_only(opts)(*a, None)), platforms=["rocm"],
+    exported = jax.export.export(jax.jit(lambda *a: kvcache._forward_only(opts)(*a, Operands())), platforms=["rocm"],
                                  disabled_checks=unchecked)(*args)
     return exported.mlir_module().count("triton_kernel_call")
 

@@ -2,7 +2,7 @@
 without spills, within LDS, and the MI300 forward keeps 2 waves per SIMD (no AMD GPU needed).
 
 The default run checks one arch, head dim and dtype through the report's whole path (subprocess,
-compile workers, table, --check); the full sweep (264 kernels, ~10 min on 2 cores) is marked amd_sweep."""
+compile workers, table, --check); the full sweep (276 kernels, ~10 min on 2 cores) is marked amd_sweep."""
 import math
 import os
 import signal
@@ -58,9 +58,9 @@ def test_check_flags_what_it_should():
 
 def test_one_arch_passes_the_check():
     """MI300 at D 128 bf16: forward, dQ, dK/dV (full, causal, dropout), the fp8 forward and the KV-cache
-    kernels (decode, paged, chunked prefill, combine, append): 16 kernels."""
+    kernels (decode, paged, chunked prefill, float8 cache, combine, append): 17 kernels."""
     table = _check("gfx942", "128", "bfloat16")
-    for kernel in ("decode", "decode+paged", "decode+chunk", "decode_combine", "kv_append"):
+    for kernel in ("decode", "decode+paged", "decode+chunk", "decode+fp8", "decode_combine", "kv_append"):
         assert f"| gfx942 | {kernel} | 128 | bfloat16 | yes |" in table
     for kernel in ("fwd", "dkdv", "dq"):
         for causal in ("no", "yes"):
@@ -81,5 +81,5 @@ def test_default_configs_pass_on_every_amd_arch():
         for d in (64, 128, 256):
             assert f"| {arch} | fwd | {d} | {fp8_type} | no |" in table and f"| {arch} | fwd | {d} | {fp8_type} | yes |" in table
     # 3 archs x 3 head dims x 2 dtypes x 14 kernels (9 attention, 5 KV-cache), and 2 fp8 forwards per
-    # head dim on gfx942 and gfx950
-    assert table.count("\n| gfx") == 264
+    # head dim on gfx942 and gfx950, and the fp8-cache decode per head dim and dtype there
+    assert table.count("\n| gfx") == 276

@@ -74,9 +74,10 @@ def _rows(case):
         n = case["lens"][b]
         keys, values = lk[b, :n], lv[b, :n]
         if case["k"] is not None:
-            keys = np.concatenate([keys, np.asarray(case["k"][b]).astype(np.float32)])
-            values = np.concatenate([values, np.asarray(case["v"][b]).astype(np.float32)])
-        out.append((keys.astype(np.asarray(case["q"]).dtype), values.astype(np.asarray(case["q"]).dtype)))
+            new_k, new_v = case.get("new_dequantized", (case["k"], case["v"]))
+            keys = np.concatenate([keys, np.asarray(new_k[b]).astype(np.float32)])
+            values = np.concatenate([values, np.asarray(new_v[b]).astype(np.float32)])
+        out.append((keys, values))  # float32: exact for 16-bit caches and for dequantised float8 ones
     return out
 
 
@@ -94,7 +95,8 @@ def _references(case, causal=True, window=(-1, -1), softcap=0.0, alibi=None, sca
         r = oracle.attention(q[b:b + 1], keys[None], values[None], np.zeros(q[b:b + 1].shape), causal=causal,
                              scale=scale, window=window, softcap=softcap, alibi=slopes)
         ref["out"][b], ref["lse"][b] = r["out"][0], r["lse"][0]
-        o, lse = jax_flash_amd.attention(q[b:b + 1], jnp.asarray(keys)[None], jnp.asarray(values)[None], causal=causal,
+        keys, values = (jnp.asarray(x, q.dtype)[None] for x in (keys, values))
+        o, lse = jax_flash_amd.attention(q[b:b + 1], keys, values, causal=causal,
                                          softmax_scale=scale, window_size=window, softcap=softcap,
                                          alibi_slopes=None if slopes is None else jnp.asarray(slopes), return_lse=True,
                                          implementation="xla")
@@ -115,18 +117,52 @@ def _call(impl, case, **kw):
 
 def _bits(x):
     x = np.asarray(x)
-    return x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint32)
+    return x.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
 
 
 def _kw(**kw):
-    """attention_with_kvcache's names for _check's options."""
+    """attention_with_kvcache's names for _references' options."""
     names = dict(window="window_size", alibi="alibi_slopes", scale="softmax_scale")
     return {names.get(k, k): (jnp.asarray(v) if k == "alibi" else v) for k, v in kw.items()}
 
 
+def _fp8(case, dtype):
+    """case with float8 caches (and new keys / values), quantised per (batch, head) from the logical caches:
+    the oracle sees their dequantised values."""
+    dtype = jnp.dtype(dtype)
+    out = dict(case)
+    logical, dequantized, descales = [], [], []
+    for x in case["logical"]:
+        amax = np.nanmax(np.abs(x), axis=(1, 3))
+        descale = (np.where(amax > 0, amax, 1.0) / float(jnp.finfo(dtype).max)).astype(np.float32)
+        x8 = (x / descale[:, None, :, None]).astype(dtype)
+        logical.append(x8)
+        dequantized.append(x8.astype(np.float32) * descale[:, None, :, None])
+        descales.append(descale)
+    out["logical"], out["descales"] = tuple(dequantized), tuple(jnp.asarray(d) for d in descales)
+    if case["block_table"] is None:
+        out["caches"] = tuple(jnp.asarray(x) for x in logical)
+    else:
+        table = case["block_table"]
+        caches = []
+        for x8, paged in zip(logical, case["caches"]):
+            pages = np.full(paged.shape, np.nan, np.float32).astype(dtype)
+            pages[table.reshape(-1)] = x8.reshape(-1, *pages.shape[1:])
+            caches.append(jnp.asarray(pages))
+        out["caches"] = tuple(caches)
+    if case["k"] is not None:
+        new = [(np.asarray(x).astype(np.float32) / d[:, None, :, None]).astype(dtype)
+               for x, d in zip((case["k"], case["v"]), descales)]
+        out["k"], out["v"] = (jnp.asarray(x) for x in new)
+        out["new_dequantized"] = tuple(x.astype(np.float32) * d[:, None, :, None] for x, d in zip(new, descales))
+    return out
+
+
 def _run_check(impl, case, num_splits=0, **kw):
+    if "descales" in case:
+        kw = dict(kw, k_descale=case["descales"][0], v_descale=case["descales"][1])
     got = _call(impl, case, num_splits=num_splits, **_kw(**kw))
-    ref, base = _references(case, **kw)
+    ref, base = _references(case, **{k: v for k, v in kw.items() if k not in ("k_descale", "v_descale")})
     assert_close(got, ref, base, case["q"].dtype, names=("out", "lse"))
     if case["k"] is not None:
         for got_cache, want in zip((got["k_cache"], got["v_cache"]), _expected_caches(case)):
@@ -171,6 +207,17 @@ def test_variants(impl, variant):
                                                               np.float32)),
               noncausal_window=dict(causal=False, window=(5, 2), scale=0.3))[variant]
     _run_check(impl, case, **kw)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e4m3fnuz], ids=["e4m3fn", "e4m3fnuz"])
+def test_fp8_caches(impl, dtype):
+    """float8 caches (bf16 queries, new keys appended in fp8, paged, GQA 2:1, softcap): the float64 oracle
+    of the dequantised caches; the caches hold exactly the appended bytes."""
+    if impl == "triton" and jnp.dtype(dtype) not in jax_flash_amd.fp8.SUPPORTED[jax_flash_amd._triton.target()]:
+        pytest.skip(f"{jnp.dtype(dtype).name} does not run on {jax_flash_amd._triton.target()}")
+    case = _fp8(_case(2, 2, 4, 2, 16, [7, 40], 48, 2, jnp.bfloat16, page=16, seed=9), dtype)
+    _run_check(impl, case, softcap=3.0)
 
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
@@ -293,14 +340,23 @@ P = jnp.zeros((6, 16, 2, 16), jnp.float16)  # 6 pages of 16
 T = jnp.array([[0, 1], [2, 3]], jnp.int32)
 L = jnp.array([3, 4], jnp.int32)
 N = jnp.zeros((2, 1, 2, 16), jnp.float16)
+C8 = C.astype(jnp.float8_e4m3fn)
+D8 = jnp.ones((2, 2), jnp.float32)
 
 
 @pytest.mark.parametrize("args,kwargs,exc,match", [
     ((Q[0], C, C, L), {}, ValueError, "q must have rank 4"),
     ((Q, C, C[:, :8], L), {}, ValueError, "k_cache and v_cache must have the same shape"),
     ((Q, C.astype(jnp.float32), C.astype(jnp.float32), L), {}, TypeError, "k_cache must have q's dtype"),
+    ((Q, C, C.astype(jnp.float32), L), {}, TypeError, "v_cache must have k_cache's dtype"),
     ((Q.astype(jnp.int32), C, C, L), {}, TypeError, "q must be float16, bfloat16 or float32"),
-    ((Q, C.astype(jnp.float8_e4m3fn), C.astype(jnp.float8_e4m3fn), L), {}, TypeError, "float8 caches"),
+    ((Q.astype(jnp.float8_e4m3fn), C, C, L), {}, TypeError, "q must be float16, bfloat16 or float32"),
+    ((Q, C.astype(jnp.int8), C.astype(jnp.int8), L), {}, TypeError, "k_cache must be float16"),
+    ((Q, C8, C8, L), {}, ValueError, "cache needs k_descale"),
+    ((Q.astype(jnp.float32), C8, C8, L), {}, TypeError, "takes float16 or bfloat16 queries"),
+    ((Q, C8, C8, L), {"k_descale": D8, "v_descale": D8[:1]}, ValueError, r"v_descale must have shape \(batch, heads_kv\)"),
+    ((Q, C8, C8, L), {"k_descale": D8, "v_descale": D8, "k": N, "v": N}, TypeError, "k must have k_cache's dtype"),
+    ((Q, C, C, L), {"k_descale": D8}, ValueError, "k_descale only apply to float8 caches"),
     ((Q[..., :3, :], C, C, L), {}, ValueError, "must be a multiple of the cache's key/value heads"),
     ((Q[..., :8], C, C, L), {}, ValueError, "head_dim"),
     ((Q, C[:1], C[:1], L), {}, ValueError, "contiguous k_cache must be .* with q's batch"),
@@ -310,7 +366,7 @@ N = jnp.zeros((2, 1, 2, 16), jnp.float16)
     ((Q, C, C, jnp.array([3, 32])), {"k": N, "v": N}, ValueError, "at most the cache capacity 32"),
     ((Q, C, C, L), {"k": N}, ValueError, "k and v .* must be given together"),
     ((Q, C, C, L), {"k": N[:, :, :1], "v": N[:, :, :1]}, ValueError, "k must have shape"),
-    ((Q, C, C, L), {"k": N.astype(jnp.float32), "v": N.astype(jnp.float32)}, TypeError, "k must have q's dtype"),
+    ((Q, C, C, L), {"k": N.astype(jnp.float32), "v": N.astype(jnp.float32)}, TypeError, "k must have k_cache's dtype"),
     ((Q, P, P, L), {"block_table": T[:1]}, ValueError, r"block_table must have shape \(batch, max_pages\)"),
     ((Q, P, P, L), {"block_table": T.astype(jnp.float32)}, TypeError, "block_table must be an integer array"),
     ((Q, P, P, jnp.array([20, 4])), {"block_table": jnp.array([[0, 9], [2, 3]])}, ValueError,
@@ -338,3 +394,47 @@ def test_unused_block_table_entries_may_be_anything():
     table = jnp.array([[0, -1], [2, 99]], jnp.int32)  # rows of 3 and 4 keys use one page each
     out = jax_flash_amd.attention_with_kvcache(Q, P, P, L, block_table=table, implementation="xla")
     assert out.shape == Q.shape
+
+
+# ----- the benchmark's report and the generation example -----
+
+def test_decode_benchmark_report_names_misses():
+    from benchmarks import decode as bench
+
+    shape = dict(B=8, T=32768)
+    rows = [dict(impl="jax_flash_amd", layout="contiguous", ms=0.30, kv_gbps=3600, copy_fraction=0.75, max_err=0.01,
+                 compile_s=2, **shape),
+            dict(impl="jax_flash_amd", layout="paged 64", ms=0.36, kv_gbps=3000, copy_fraction=0.62, max_err=0.01,
+                 compile_s=2, **shape),
+            dict(impl="pallas_gqa", layout="contiguous", ms=1.2, kv_gbps=900, copy_fraction=0.2, max_err=0.01,
+                 compile_s=2, **shape),
+            dict(impl="pallas_head_major", layout="contiguous", ms=0.5, kv_gbps=2100, copy_fraction=0.45, max_err=0.01,
+                 compile_s=2, **shape),
+            dict(impl="xla", layout="contiguous", ms=1.5, kv_gbps=700, copy_fraction=0.15, max_err=0.0, compile_s=1,
+                 **shape),
+            dict(impl="pallas_paged", layout="paged 64", error="ValueError: no", **shape)]
+    md = bench.markdown(rows, dict(gpu="GPU", jax="0", date="-", copy_gbps=4800.0))
+    line = next(l for l in md.splitlines() if l.startswith("| 8 x 32768 | 0.75 |"))
+    # vs the faster Pallas (0.5 ms): 1.67 < 2; vs XLA 5.0; paged 64 1.2 > 1.1; paged 128 not measured
+    assert "| 1.67 | 5.00 | 1.20 | - |" in line and "vs_pallas" in line and "paged 64" in line
+    assert "vs_xla" not in line and "error: ValueError: no" in md
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU path of the example (the GPU script runs it at GPU size)")
+def test_generate_example(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "gen.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, os.path.join(root, "examples", "generate.py"), "--steps", "5", "--tokens",
+                           "12", "--seq-len", "32", "--cache-len", "64", "--json", str(out)], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run = json.loads(out.read_text())
+    assert run["implementation"] == "xla" and run["flash_tokens_per_s"] > 0 and run["xla_tokens_per_s"] > 0
+    assert run["agree"] == 1.0 and run["flash_text"].startswith("def ") and run["flash_text"] == run["xla_text"]
+    assert "tokens/s" in proc.stdout
