@@ -20,8 +20,8 @@ their error.
 Bandwidth: bytes of K and V read per call (2 x batch x length x heads_kv x D x 2) / time, and its fraction
 of the copy bandwidth (a jitted x + 1 over a 2 GiB bf16 array: bytes read + written / time). Targets
 (README): ours >= 70% of the copy rate, >= 2x Pallas (the faster of its two contiguous forms), >= 3x
-XLA (the faster of the two), paged <= 1.1x contiguous. max_err: max |out - xla's out| (both bf16). JSON and markdown go to
-benchmarks/results/<gpu>_decode.json / .md.
+XLA (the faster of the two), paged <= 1.1x contiguous. max_err: max |out - xla's out| (both bf16). JSON
+and markdown go to benchmarks/results/<gpu>_decode.json / .md.
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def paged_copy(cache, page: int, seed: int):
     return pages, jnp.asarray(order.reshape(b, t // page), jnp.int32)
 
 
-def time_donated(step, q, kc, vc, lens, k, v, reps: int = 7, budget_s: float = 1.0) -> float:
+def time_donated(step, q, kc, vc, lens, k, v, reps: int = 7, budget_s: float = 0.5) -> float:
     """Median seconds of step(q, kc, vc, lens, k, v) -> (out, kc, vc) with the caches donated and carried."""
     out, kc, vc = step(q, kc, vc, lens, k, v)
     jax.block_until_ready(out)
@@ -91,7 +91,7 @@ def time_donated(step, q, kc, vc, lens, k, v, reps: int = 7, budget_s: float = 1
 
 
 def measure(name: str, layout: str, fn, args, kv_bytes: int, copy_bw: float, ref, timer=None,
-            budget_s: float = 1.0) -> dict:
+            budget_s: float = 0.5) -> dict:
     row = dict(impl=name, layout=layout)
     try:
         t0 = time.perf_counter()
@@ -257,7 +257,8 @@ def markdown(rows: list[dict], env: dict) -> str:
     lines += ["", f"Targets: K+V read >= {TARGETS['copy_fraction']:.0%} of the copy rate, >= {TARGETS['vs_pallas']}x "
               f"Pallas (its faster contiguous form), >= {TARGETS['vs_xla']}x XLA (the faster one), paged <= "
               f"{TARGETS['paged_over_contiguous']}x contiguous.", "",
-              "| batch x cache | of copy | vs Pallas | vs XLA | paged 64 / contiguous | paged 128 / contiguous | misses |",
+              "| batch x cache | of copy | vs Pallas | vs XLA | paged 64 / contiguous | paged 128 / contiguous "
+              "| misses |",
               "|---|---|---|---|---|---|---|"]
     for b, t in sorted({(r["B"], r["T"]) for r in rows}, reverse=True):
         def get(impl, layout="contiguous"):
@@ -277,17 +278,19 @@ def markdown(rows: list[dict], env: dict) -> str:
         paged = [get("jax_flash_amd", f"paged {p}") for p in PAGES]
         ratios = [p["ms"] / ours["ms"] if p else None for p in paged]
         misses = [k for k, v in vals.items() if v is not None and v < TARGETS[k]]
-        misses += [f"paged {p}" for p, x in zip(PAGES, ratios) if x is not None and x > TARGETS["paged_over_contiguous"]]
+        misses += [f"paged {p}" for p, x in zip(PAGES, ratios)
+                   if x is not None and x > TARGETS["paged_over_contiguous"]]
         fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
         lines.append(f"| {b} x {t} | {fmt(vals['copy_fraction'])} | {fmt(vals['vs_pallas'])} | {fmt(vals['vs_xla'])} | "
                      f"{fmt(ratios[0])} | {fmt(ratios[1])} | {', '.join(misses) or 'none'} |")
     sweeps = [r for r in rows if r["impl"] == "sweep" and "ms" in r]
     if sweeps:
         lines += ["", "Sweep (ours, other configs; the default is the config rows of kernels/configs.py):", "",
-                  "| batch x cache | layout | BLOCK_N | warps | stages | splits | ms | of copy |", "|---|---|---|---|---|---|---|---|"]
+                  "| batch x cache | layout | BLOCK_N | warps | stages | splits | ms | of copy |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in sorted(sweeps, key=lambda r: (r["B"], r["T"], r["layout"], r["ms"])):
-            lines.append(f"| {r['B']} x {r['T']} | {r['layout']} | {r['BLOCK_N']} | {r['num_warps']} | {r['num_stages']} "
-                         f"| {r['splits']} | {r['ms']:.4f} | {r['copy_fraction']:.2f} |")
+            lines.append(f"| {r['B']} x {r['T']} | {r['layout']} | {r['BLOCK_N']} | {r['num_warps']} | "
+                         f"{r['num_stages']} | {r['splits']} | {r['ms']:.4f} | {r['copy_fraction']:.2f} |")
     return "\n".join(lines) + "\n"
 
 

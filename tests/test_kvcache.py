@@ -27,8 +27,9 @@ def _case(batch, seq_q, heads, heads_kv, d, lens, capacity, seq_new, dtype, page
     for b in range(batch):
         logical_k[b, lens[b] + seq_new:] = np.nan
         logical_v[b, lens[b] + seq_new:] = np.nan
-    case = dict(q=f(batch, seq_q, heads, d), lens=lens, logical=(logical_k, logical_v), block_table=None,
-                k=f(batch, seq_new, heads_kv, d) if seq_new else None, v=f(batch, seq_new, heads_kv, d) if seq_new else None)
+    new = (f(batch, seq_new, heads_kv, d), f(batch, seq_new, heads_kv, d)) if seq_new else (None, None)
+    case = dict(q=f(batch, seq_q, heads, d), lens=lens, logical=(logical_k, logical_v), block_table=None, k=new[0],
+                v=new[1])
     if page is None:
         case["caches"] = (logical_k, logical_v)
     else:
@@ -189,6 +190,13 @@ def test_chunks_on_shuffled_pages(impl, seq_q):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_gqa_32_to_8(impl):
+    """The issue's head counts, 32 query / 8 key-value heads, at head_dim 16: decode with a new key."""
+    case = _case(2, 1, 32, 8, 16, [20, 37], 40, 1, jnp.bfloat16, seed=4)
+    _run_check(impl, case)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_multi_query_pages_of_32_without_append(impl):
     """MQA (3 query heads, 1 key/value head), page 32, no new keys: rows of 0 (output 0, lse -inf), 31,
     32 and 95 keys; head_dim 40."""
@@ -214,8 +222,11 @@ def test_variants(impl, variant):
 def test_fp8_caches(impl, dtype):
     """float8 caches (bf16 queries, new keys appended in fp8, paged, GQA 2:1, softcap): the float64 oracle
     of the dequantised caches; the caches hold exactly the appended bytes."""
-    if impl == "triton" and jnp.dtype(dtype) not in jax_flash_amd.fp8.SUPPORTED[jax_flash_amd._triton.target()]:
-        pytest.skip(f"{jnp.dtype(dtype).name} does not run on {jax_flash_amd._triton.target()}")
+    if impl == "triton":
+        from jax_flash_amd import _triton
+
+        if jnp.dtype(dtype) not in jax_flash_amd.fp8.SUPPORTED[_triton.target()]:
+            pytest.skip(f"{jnp.dtype(dtype).name} does not run on {_triton.target()}")
     case = _fp8(_case(2, 2, 4, 2, 16, [7, 40], 48, 2, jnp.bfloat16, page=16, seed=9), dtype)
     _run_check(impl, case, softcap=3.0)
 
@@ -234,7 +245,8 @@ def test_split_rule():
     """From batch x heads_kv and the compute units: fill the GPU, within the limits of the rule's data."""
     rule = jax_flash_amd.kernels.configs.DECODE_SPLITS["cuda"]
     assert kvcache.num_splits("cuda", 64, 32768, 64, cus=132) == 132 * rule["programs_per_cu"] // 64
-    assert kvcache.num_splits("cuda", 8, 131072, 64, cus=132) == min(rule["max_splits"], 132 * rule["programs_per_cu"] // 8)
+    assert kvcache.num_splits("cuda", 8, 131072, 64, cus=132) == min(rule["max_splits"],
+                                                                     132 * rule["programs_per_cu"] // 8)
     assert kvcache.num_splits("cuda", 1024, 32768, 64, cus=132) == 1  # enough programs already
     assert kvcache.num_splits("cuda", 1, 256, 64, cus=132) == 1  # too few keys to split
     assert kvcache.num_splits("gfx942", 64, 32768, 64, cus=304) == 304 * 2 // 64
@@ -287,6 +299,38 @@ def test_int_cache_seqlens_and_return_structure():
     assert lse.shape == (2, 2, 1)
     res = jax_flash_amd.attention_with_kvcache(case["q"], kc, vc, 5, k=case["k"], v=case["v"], implementation="xla")
     assert len(res) == 3 and res[1].shape == kc.shape
+
+
+@pytest.mark.parametrize("jt", [(0, 3, 1), (0, 4, 1)])
+def test_aliases_reach_jax_triton(monkeypatch, jt):
+    """The append kernel's in-place outputs as each jax-triton takes them: 0.3 numbers the aliased inputs
+    among the array arguments, 0.4 among all runtime arguments and wants no parameter for an aliased
+    output (the kernel's own, unused, get one-element placeholders, dropped from the result)."""
+    import sys
+    import types
+
+    from jax_flash_amd import _jax_triton_compat as compat
+    from jax_flash_amd._launch import Launch
+
+    calls = []
+
+    def triton_call(*args, out_shape, **kwargs):
+        calls.append(dict(kwargs, out_shape=out_shape))
+        return tuple(np.zeros(s.shape, s.dtype) for s in out_shape)
+
+    monkeypatch.setitem(sys.modules, "jax_triton", types.SimpleNamespace(triton_call=triton_call))
+    monkeypatch.setattr(compat, "versions", lambda: {"jax-triton": jt, "triton": (3, 9, 0), "jax": (0, 11, 2)})
+    cache = jax.ShapeDtypeStruct((4, 8), jnp.bfloat16)
+    arrays = [jnp.zeros((2,), jnp.float32) for _ in range(3)]
+    launch = Launch(kernel=None, grid=(1,), args=(arrays[0], 7, arrays[1], 3, arrays[2]), out_shapes=(cache, cache),
+                    constexprs={}, compile_options=dict(num_warps=4), aliases=((2, 0), (4, 1)))
+    outs = compat.triton_call(launch)
+    assert len(outs) == 2 and outs[0].shape == (4, 8)
+    if jt < (0, 4):
+        assert calls[0]["input_output_aliases"] == {1: 0, 2: 1} and len(calls[0]["out_shape"]) == 2
+    else:
+        assert calls[0]["input_output_aliases"] == {2: 0, 4: 1}
+        assert [s.shape for s in calls[0]["out_shape"]] == [(4, 8), (4, 8), (1,), (1,)]
 
 
 # ----- Flax: decoding step by step (and a prefill chunk) equals the full causal forward -----
@@ -354,7 +398,8 @@ D8 = jnp.ones((2, 2), jnp.float32)
     ((Q, C.astype(jnp.int8), C.astype(jnp.int8), L), {}, TypeError, "k_cache must be float16"),
     ((Q, C8, C8, L), {}, ValueError, "cache needs k_descale"),
     ((Q.astype(jnp.float32), C8, C8, L), {}, TypeError, "takes float16 or bfloat16 queries"),
-    ((Q, C8, C8, L), {"k_descale": D8, "v_descale": D8[:1]}, ValueError, r"v_descale must have shape \(batch, heads_kv\)"),
+    ((Q, C8, C8, L), {"k_descale": D8, "v_descale": D8[:1]}, ValueError,
+     r"v_descale must have shape \(batch, heads_kv\)"),
     ((Q, C8, C8, L), {"k_descale": D8, "v_descale": D8, "k": N, "v": N}, TypeError, "k must have k_cache's dtype"),
     ((Q, C, C, L), {"k_descale": D8}, ValueError, "k_descale only apply to float8 caches"),
     ((Q[..., :3, :], C, C, L), {}, ValueError, "must be a multiple of the cache's key/value heads"),
