@@ -27,9 +27,9 @@ def _case(batch, seq_q, heads, heads_kv, d, lens, capacity, seq_new, dtype, page
     for b in range(batch):
         logical_k[b, lens[b] + seq_new:] = np.nan
         logical_v[b, lens[b] + seq_new:] = np.nan
+    q = f(batch, seq_q, heads, d)
     new = (f(batch, seq_new, heads_kv, d), f(batch, seq_new, heads_kv, d)) if seq_new else (None, None)
-    case = dict(q=f(batch, seq_q, heads, d), lens=lens, logical=(logical_k, logical_v), block_table=None, k=new[0],
-                v=new[1])
+    case = dict(q=q, lens=lens, logical=(logical_k, logical_v), block_table=None, k=new[0], v=new[1])
     if page is None:
         case["caches"] = (logical_k, logical_v)
     else:
@@ -128,13 +128,15 @@ def _kw(**kw):
 
 
 def _fp8(case, dtype):
-    """case with float8 caches (and new keys / values), quantised per (batch, head) from the logical caches:
-    the oracle sees their dequantised values."""
+    """case with float8 caches (and new keys / values), quantised per (batch, head) with one factor for the
+    cache and the new values (so neither overflows): the oracle sees their dequantised values."""
     dtype = jnp.dtype(dtype)
     out = dict(case)
     logical, dequantized, descales = [], [], []
-    for x in case["logical"]:
+    for x, new in zip(case["logical"], (case["k"], case["v"])):
         amax = np.nanmax(np.abs(x), axis=(1, 3))
+        if new is not None:
+            amax = np.maximum(amax, np.max(np.abs(np.asarray(new, np.float32)), axis=(1, 3)))
         descale = (np.where(amax > 0, amax, 1.0) / float(jnp.finfo(dtype).max)).astype(np.float32)
         x8 = (x / descale[:, None, :, None]).astype(dtype)
         logical.append(x8)
