@@ -90,11 +90,14 @@ def _reference(q, k, v, extras: Operands, opts: Options):
         q, k, v = (fp8.forward_only(x) for x in (q, k, v))
         q = fp8.dequantize(q, jnp.repeat(extras.q_descale, q.shape[2] // k.shape[2], axis=1))  # per kv head
         k, v = fp8.dequantize(k, extras.k_descale), fp8.dequantize(v, extras.v_descale)
-    out, lse = reference.attention(q, k, v, band=opts.band, softmax_scale=opts.softmax_scale,
-                                   softcap=opts.softcap, alibi_slopes=extras.slopes, dropout_p=opts.dropout_p,
-                                   dropout_seeds=extras.seeds, q_segment_ids=extras.q_segment_ids,
-                                   kv_segment_ids=extras.kv_segment_ids)
+    out, lse = reference.attention(q, k, v, **_reference_options(extras, opts))
     return (out.astype(jnp.bfloat16), lse) if fp8_inputs else (out, lse)
+
+
+def _reference_options(extras: Operands, opts: Options) -> dict:
+    return dict(band=opts.band, softmax_scale=opts.softmax_scale, softcap=opts.softcap, alibi_slopes=extras.slopes,
+                dropout_p=opts.dropout_p, dropout_seeds=extras.seeds, q_segment_ids=extras.q_segment_ids,
+                kv_segment_ids=extras.kv_segment_ids, positions=extras.positions)
 
 
 def _rows(opts: Options, run, target, q, k, kernels):

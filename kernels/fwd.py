@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .dropout import keep, load_seed
-from .masking import head_start, key_blocks, load_ids, load_tile, span_block, span_blocks, store_tile
+from .masking import head_start, key_blocks, load_ids, load_tile, place, span_block, span_blocks, store_tile
 from .scores import scores
 
 
@@ -33,11 +33,12 @@ def keys_padded(seq_k):
 
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, start_m, seq_q, seq_k, lo_off, hi_off,
-               sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
-               MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
-               DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr):
-    """Key blocks of [lo, hi) then [lo2, hi2)."""
+               diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+               SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr,
+               POSITIONS: tl.constexpr):
+    """Key blocks of [lo, hi) then [lo2, hi2); diag, pos_q, pos_k: masking.place."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
@@ -46,8 +47,9 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, start_m, seq_
         k = load_tile(k_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
         k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS and MASKED)
         s, scale2, _ = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), offs_m[:, None], offs_n[None, :],
-                              q_ids[:, None], k_ids[None, :], seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
-                              MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP, ALIBI=ALIBI)  # [BM, BN]
+                              q_ids[:, None], k_ids[None, :], seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
+                              slope, MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP,
+                              ALIBI=ALIBI)  # [BM, BN]
         m_new = tl.maximum(m_i, tl.max(s, 1) * scale2)
         m_use = m_new
         if MASKED:  # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
@@ -56,7 +58,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, start_m, seq_
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROP_THRESHOLD > 0:  # after the row sum: dropout acts on normalised probabilities
-            p = tl.where(keep(seed, start_m, start_n, DROP_THRESHOLD, BLOCK_M, BLOCK_N), p, 0.0)
+            p = tl.where(keep(seed, start_m + pos_q, start_n + pos_k, DROP_THRESHOLD, BLOCK_M, BLOCK_N,
+                              ANY_START=POSITIONS), p, 0.0)
         if P8_LOG2 > 0:  # v_base: this head's V^T, rows seq_k rounded up to 16 apart
             stride_vt = keys_padded(seq_k)
             # bounded by the padded length (zeros past seq_k, where P is 0): a mask constant over 16 keys
@@ -70,15 +73,16 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, start_m, seq_
 
 
 @triton.jit
-def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, VDescale, sm_scale, softcap,
-             keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse, H: tl.constexpr, KV_H: tl.constexpr,
+def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, VDescale, Positions, sm_scale,
+             softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse, H: tl.constexpr, KV_H: tl.constexpr,
              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
-             DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr):
+             DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr, POSITIONS: tl.constexpr):
     """lo_off / hi_off / BANDED: the visible band, QSeg / KSeg (batch, seq) int32 and KeyRanges /
-    SEGMENTS: segment ids (masking.py); softcap / SOFTCAP and Slopes (batch, H) fp32 / ALIBI: logit
-    modifiers (scores.py); Seeds (batch, H, 2) uint32, keep_scale, DROP_THRESHOLD: dropout (dropout.py);
-    QDescale, KDescale, VDescale / P8_LOG2: fp8 inputs (above)."""
+    SEGMENTS: segment ids, Positions (batch, 3) int32 / POSITIONS: the call as a block of a larger one
+    (masking.py); softcap / SOFTCAP and Slopes (batch, H) fp32 / ALIBI: logit modifiers (scores.py);
+    Seeds (batch, H, 2) uint32, keep_scale, DROP_THRESHOLD: dropout (dropout.py); QDescale, KDescale,
+    VDescale / P8_LOG2: fp8 inputs (above)."""
     # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
@@ -104,6 +108,7 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
+    lo_off, hi_off, diag, pos_q, pos_k = place(Positions, b, seq_q, seq_k, lo_off, hi_off, POSITIONS)
     start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, KeyRanges, b, BLOCK_M,
                                                   BLOCK_N, BANDED, SEGMENTS)
     q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
@@ -115,15 +120,17 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     # key blocks every row sees, unmasked; then those at the band's edges, masked (one loop, both spans)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, full_start, full_end, full_end, full_end, start_m,
-                               seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
-                               MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
+                               seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope,
+                               q_ids, KSeg, b, seed, MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
                                BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
-                               ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2)
+                               ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2,
+                               POSITIONS=POSITIONS)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, full_start, full_end, end, start_m,
-                               seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
-                               MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
+                               seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope,
+                               q_ids, KSeg, b, seed, MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
                                BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
-                               ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2)
+                               ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2,
+                               POSITIONS=POSITIONS)
 
     # rows that saw no key: output 0, lse -inf
     empty = l_i == 0.0
