@@ -201,3 +201,10 @@ def kernel_backward(q, k, v, extras: Operands, opts: Options, out, lse, dout, dl
     """(dq, dk, dv) of the backward kernels for a given out and (natural) lse: ring attention calls it with
     the merged, global ones, which makes it return one block's exact share of the gradients."""
     return _bwd_rule(opts, (q, k, v, extras, out, lse * np.float32(1 / LN2)), (dout, dlse))[:3]
+
+
+def block_backward(q, k, v, extras: Operands, opts: Options, out, lse, dout, dlse):
+    """kernel_backward of any implementation ("xla": reference.block_gradients, float32)."""
+    if opts.implementation == "xla":
+        return reference.block_gradients(q, k, v, out, lse, dout, dlse, **_reference_options(extras, opts))
+    return kernel_backward(q, k, v, extras, opts, out, lse, dout, dlse)

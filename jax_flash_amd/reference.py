@@ -188,28 +188,55 @@ def _attention_fwd(st: _Static, q, k, v, slopes, seeds, q_ids, kv_ids, positions
 
 def _attention_bwd(st: _Static, res, cotangents):
     """The kernels' backward (kernels/bwd.py) in plain JAX, so it can be differentiated again."""
-    q, k_in, v_in, slopes, seeds, q_ids, kv_ids, positions, out, lse = res
-    dout, dlse = cotangents
+    q, k, v, *operands, out, lse = res
+    dq, dk, dv = _gradients(st, q, k, v, *operands, out, lse, *cotangents, own=True)
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)) + (None,) * len(operands)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def block_gradients(q, k, v, out, lse, dout, dlse, *, band: Band, softmax_scale: float, softcap: float = 0.0,
+                    alibi_slopes=None, dropout_p: float = 0.0, dropout_seeds=None, q_segment_ids=None,
+                    kv_segment_ids=None, positions=None):
+    """float32 (dq, dk, dv) of attention of q to a block of the keys (k, v) when out and lse (natural) are
+    those of the whole call, over every key (ring attention's backward step): the block's exact share,
+    computed as the kernels' backward does when handed that out and lse. Arguments as attention's."""
+    st = _Static(band, float(softmax_scale), float(softcap), float(dropout_p))
+    return _gradients(st, q, k, v, alibi_slopes, dropout_seeds, q_segment_ids, kv_segment_ids, positions, out, lse,
+                      dout, dlse, own=False)
+
+
+def _gradients(st: _Static, q, k_in, v_in, slopes, seeds, q_ids, kv_ids, positions, out, lse, dout, dlse,
+               own: bool):
+    """float32 (dq, dk, dv). own: out and lse are this call's; else a larger call's (block_gradients)."""
     dtype = q.dtype
     k, v = _per_query_head(q, k_in, v_in)
     s, dcap, seen = _logits(st, q, k, slopes, q_ids, kv_ids, positions)
-    # P: the softmax recomputed in float32 and divided by its own row sum (the kernels use exp(s - lse),
-    # the same up to rounding), so a row that sees one key has P exactly 1 however XLA fuses s here and in
-    # the forward. Masked before exp: neither P nor its derivatives see inf - inf (empty rows: P = 0)
+    # Masked before exp: neither P nor its derivatives see inf - inf (empty rows: P = 0)
     seen = seen & jnp.isfinite(lse)[..., None]
-    m = jax.lax.stop_gradient(jnp.max(jnp.where(seen, s, -jnp.inf), axis=-1, keepdims=True))
-    e = jnp.exp(jnp.where(seen, s - jnp.where(jnp.isfinite(m), m, 0.0), -jnp.inf))
-    row = jnp.sum(e, axis=-1, keepdims=True)
-    p = e / jnp.where(row > 0, row, 1.0)
+    if own:
+        # P: the softmax recomputed in float32 and divided by its own row sum (the kernels use exp(s - lse),
+        # the same up to rounding), so a row that sees one key has P exactly 1 however XLA fuses s here and
+        # in the forward
+        m = jax.lax.stop_gradient(jnp.max(jnp.where(seen, s, -jnp.inf), axis=-1, keepdims=True))
+        e = jnp.exp(jnp.where(seen, s - jnp.where(jnp.isfinite(m), m, 0.0), -jnp.inf))
+        row = jnp.sum(e, axis=-1, keepdims=True)
+        p = e / jnp.where(row > 0, row, 1.0)
+    else:  # this block's part of the whole call's softmax: only the whole call's lse normalises it
+        p = jnp.where(seen, jnp.exp(s - jnp.where(jnp.isfinite(lse), lse, 0.0)[..., None]), 0.0)
     dp = jnp.einsum("bqhd,bkhd->bhqk", dout, v, preferred_element_type=jnp.float32, precision=_HIGHEST)
     pd = p
     if st.dropout_p > 0:  # the forward's mask: Pd = P * keep * keep_scale feeds dV, and dP is masked alike
         kept, keep_scale = _keep(st, seeds, positions, q.shape[1], k.shape[1]), dropout_keep_scale(st.dropout_p)
         pd = jnp.where(kept, p * keep_scale, 0.0)
         dp = jnp.where(kept, dp * keep_scale, 0.0)
-    # delta = rowsum(P * dP) (which equals rowsum(dO * O), the kernels' form, up to rounding): the same
-    # float32 products as dP's, so a row whose P is one-hot gets dS = P * (dP - dP) = 0 exactly
-    delta = jnp.sum(p * dp, axis=-1) - dlse
+    if own:
+        # delta = rowsum(P * dP) (which equals rowsum(dO * O), the kernels' form, up to rounding): the same
+        # float32 products as dP's, so a row whose P is one-hot gets dS = P * (dP - dP) = 0 exactly
+        delta = jnp.sum(p * dp, axis=-1) - dlse
+    else:  # the kernels' form: this block's P does not sum to the whole row's
+        delta = jnp.transpose(jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1), (0, 2, 1)) - dlse
     ds = p * (dp - delta[..., None])
     if dcap is not None:  # through softcap's tanh
         ds = ds * dcap
@@ -222,7 +249,4 @@ def _attention_bwd(st: _Static, res, cotangents):
     group = h // k_in.shape[2]
     if group > 1:  # a key/value head's gradient sums over the query heads that read it (in float32)
         dk, dv = (x.reshape(b, sk, h // group, group, d).sum(3) for x in (dk, dv))
-    return dq.astype(dtype), dk.astype(k_in.dtype), dv.astype(v_in.dtype), None, None, None, None, None
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd)
+    return dq, dk, dv

@@ -36,7 +36,6 @@ from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
 
 LAYOUTS = ("contiguous", "zigzag")
-_HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: float | None = None,
@@ -261,44 +260,6 @@ def _forward(cfg: _Ring, q, k, v, extras: Operands):
     return out.astype(q.dtype), lse
 
 
-def _xla_backward(q, k, v, extras: Operands, out, lse, dout, dlse, opts: _dispatch.Options):
-    """(dq, dk, dv) float32 of one step in pure JAX, as the kernels compute it: P from the global lse,
-    dS = P * (dP - delta), delta = rowsum(dO * O) - dlse. GQA without copying K/V: query heads are
-    grouped (b, s, h_kv, g, d)."""
-    b, sq, h, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    qg, dog = q.reshape(b, sq, hk, h // hk, d), dout.reshape(b, sq, hk, h // hk, d)
-    s = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32, precision=_HIGHEST)
-    s = s * opts.softmax_scale
-    if opts.softcap > 0:
-        t = jnp.tanh(s / opts.softcap)
-        s = opts.softcap * t
-    seen = opts.band.visible(sq, sk)
-    if extras.q_segment_ids is not None:
-        seen = seen & (extras.q_segment_ids[:, None, None, :, None] == extras.kv_segment_ids[:, None, None, None, :])
-    lse_g = lse.reshape(b, hk, h // hk, sq)[..., None]
-    p = jnp.where(seen & jnp.isfinite(lse_g), jnp.exp(s - jnp.where(jnp.isfinite(lse_g), lse_g, 0.0)), 0.0)
-    dv = jnp.einsum("bhgqk,bqhgd->bkhd", p.astype(q.dtype), dog, preferred_element_type=jnp.float32,
-                    precision=_HIGHEST)
-    dp = jnp.einsum("bqhgd,bkhd->bhgqk", dog, v, preferred_element_type=jnp.float32, precision=_HIGHEST)
-    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)  # (b, s, h)
-    delta = jnp.transpose(delta, (0, 2, 1)).reshape(b, hk, h // hk, sq) - dlse.reshape(b, hk, h // hk, sq)
-    ds = p * (dp - delta[..., None])
-    if opts.softcap > 0:  # d(softcap tanh(x / softcap)) / dx
-        ds = ds * (1.0 - t * t)
-    ds = ds.astype(q.dtype)
-    dq = jnp.einsum("bhgqk,bkhd->bqhgd", ds, k, preferred_element_type=jnp.float32, precision=_HIGHEST)
-    dk = jnp.einsum("bhgqk,bqhgd->bkhd", ds, qg, preferred_element_type=jnp.float32, precision=_HIGHEST)
-    return dq.reshape(q.shape) * opts.softmax_scale, dk * opts.softmax_scale, dv
-
-
-def _step_backward(q, k, v, extras, out, lse, dout, dlse, opts: _dispatch.Options):
-    """One step's (dq, dk, dv) given the global out and lse."""
-    if opts.implementation == "xla":
-        return _xla_backward(q, k, v, extras, out, lse, dout, dlse, opts)
-    return _dispatch.kernel_backward(q, k, v, extras, opts, out, lse, dout, dlse)
-
-
 def _backward(cfg: _Ring, residuals, cotangents):
     q, k, v, extras, out, lse = residuals
     dout, dlse = cotangents
@@ -315,8 +276,8 @@ def _backward(cfg: _Ring, residuals, cotangents):
         blocks = dataclasses.replace(extras, kv_segment_ids=kv_ids)
         for qs, ks, causal in _pieces(kind, sq, sk):
             opts = _options(cfg, causal, qs.stop - qs.start, ks.stop - ks.start)
-            g = _step_backward(q[:, qs], k[:, ks], v[:, ks], _sub(blocks, qs, ks), out[:, qs], lse[:, :, qs],
-                               dout[:, qs], dlse[:, :, qs], opts)
+            g = _dispatch.block_backward(q[:, qs], k[:, ks], v[:, ks], _sub(blocks, qs, ks), opts, out[:, qs],
+                                         lse[:, :, qs], dout[:, qs], dlse[:, :, qs])
             g = [_spmd.match_varying(x.astype(jnp.float32), *like) for x in g]
             dq, dk, dv = dq.at[:, qs].add(g[0]), dk.at[:, ks].add(g[1]), dv.at[:, ks].add(g[2])
         return (dk, dv), dq
