@@ -44,10 +44,10 @@ class Operands:
     q_descale: Any = _field("b h", jnp.float32, "QDescale")
     k_descale: Any = _field("b h", jnp.float32, "KDescale")
     v_descale: Any = _field("b h", jnp.float32, "VDescale")
-    # (batch, 3) int32 (row0, col0, diag): the call is a block of a larger one (ring attention), query i
-    # and key j being its query row0 + i and key col0 + j, diag its seq_k - seq_q. The band, ALiBi and
-    # the dropout counters follow those positions (kernels/masking.py `place`; dropout needs row0 a
-    # multiple of 16, col0 of 8). Per batch row, so vmap and sharding treat it like the other operands.
+    # (batch, 3) int32 (pos_q, pos_k, D): the call is a block of a larger one (ring attention), query i
+    # and key j being its query pos_q + i and key pos_k + j, D its seq_k - seq_q. The band, ALiBi and
+    # the dropout counters follow those positions (kernels/masking.py `place`; dropout needs pos_q a
+    # multiple of 16, pos_k of 8). Per batch row, so vmap and sharding treat it like the other operands.
     positions: Any = _field("b p", jnp.int32, "Positions", "POSITIONS")
 
     def present(self) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """The logits a program computes from a tile of q.k, written once for the forward and both backward
 kernels: scaling, softcap (s = softcap * tanh(scale * q.k / softcap)) and ALiBi (s -= slope *
-|i + diag - j|, diag = seq_k - seq_q, or the larger call's when the call is a block of one: masking.py
-`place`), in base 2 for exp2, and the factor the backward applies to dS."""
+|i + diag - j|, diag = seq_k - seq_q; for a block of a larger call, that call's diagonal in the block's
+indices: masking.py `place`), in base 2 for exp2, and the factor the backward applies to dS."""
 import triton
 import triton.language as tl
 
