@@ -46,6 +46,19 @@ def passes_backend_options(jax_triton_version: tuple[int, ...] | None = None) ->
     return v is None or v >= (0, 4)
 
 
+# AMD's buffer loads/stores address with a 32-bit byte offset from a base; Triton emits them (instead of
+# global loads with 64-bit address arithmetic) for a pointer argument carrying the pointer-range attribute
+# ("S"), which torch's launcher sets when the tensor spans < 2 GiB and jax-triton never sets.
+BUFFER_RANGE_BYTES = 2**31 - 1
+
+
+def pointer_specialization(nbytes: int, platform: str) -> str:
+    """Triton's specialization letters for an array argument of `nbytes` bytes on `platform` ("cuda" or
+    "hip"): "D" (16-byte aligned, as XLA buffers are), plus "S" on AMD when every byte offset fits 32
+    bits (BUFFER_RANGE_BYTES). Larger tensors keep global loads."""
+    return "DS" if platform == "hip" and nbytes <= BUFFER_RANGE_BYTES else "D"
+
+
 def compiler_options(options: dict, jax_triton_version: tuple[int, ...] | None = None) -> dict:
     """The options of a config row that reach Triton's compiler through this jax-triton."""
     if passes_backend_options(jax_triton_version):
