@@ -94,27 +94,35 @@ _CUDA = {
     ],
 }
 
+_CUDA_TARGET = {
+    **_CUDA,
+    # window (1024, 0), N 16384, D 128 on the H200, swept over CANDIDATES: fwd 0.398 ms vs 0.426,
+    # dK/dV 1.366 vs 1.449, dQ 1.249 vs 1.318 (9 key blocks per query block: the loop is short)
+    "fwd+window": _with(_CUDA["fwd"], 128, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    "dkdv+window": _with(_CUDA["dkdv"], 128, BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
+    "dq+window": _with(_CUDA["dq"], 128, BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
+    # dropout 0.1, N 4096, D 128 on the H200: backward 1.26x / 1.21x the plain one (non-causal) with these
+    # rows alone vs 1.31x with the plain rows; the default dK/dV tile spills 200 bytes with the Philox draw
+    "dkdv+dropout": _with(_CUDA["dkdv"], 128, BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
+    "dq+dropout": _with(_CUDA["dq"], 128, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    # 32 query / 8 key-value heads, N 4096, D 128: dK/dV 8.50 vs 8.93 ms (2 stages) non-causal, 5.04 vs 5.14
+    # causal (MHA: 8.63 / 4.83 either way): each program's loop is GROUP times longer
+    "dkdv+gqa": _with(_CUDA["dkdv"], 128, num_stages=3),
+    # fp8 (e4m3fn) forward, D 128: 0.461 vs 0.490 ms (N 4096 causal), 2.96 vs 3.08 (N 16384 full) for
+    # the bf16 row; 128 x 64 x 4 x 3: 0.470 / 2.86, 128 x 64 x 8 x 3/4 and 64 x 128 x 4 x 4 slower
+    "fwd+fp8": _with(_CUDA["fwd"], 128, BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+    "keys_last": _KEYS_LAST,
+}
+
 TARGETS = {
-    # NVIDIA sm80/sm90 (H100/H200 measured)
-    "cuda": {
-        **_CUDA,
-        # window (1024, 0), N 16384, D 128 on the H200, swept over CANDIDATES: fwd 0.398 ms vs 0.426,
-        # dK/dV 1.366 vs 1.449, dQ 1.249 vs 1.318 (9 key blocks per query block: the loop is short)
-        "fwd+window": _with(_CUDA["fwd"], 128, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-        "dkdv+window": _with(_CUDA["dkdv"], 128, BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
-        "dq+window": _with(_CUDA["dq"], 128, BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
-        # dropout 0.1, N 4096, D 128 on the H200: backward 1.26x / 1.21x the plain one (non-causal) with these
-        # rows alone vs 1.31x with the plain rows; the default dK/dV tile spills 200 bytes with the Philox draw
-        "dkdv+dropout": _with(_CUDA["dkdv"], 128, BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
-        "dq+dropout": _with(_CUDA["dq"], 128, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-        # 32 query / 8 key-value heads, N 4096, D 128: dK/dV 8.50 vs 8.93 ms (2 stages) non-causal, 5.04 vs 5.14
-        # causal (MHA: 8.63 / 4.83 either way): each program's loop is GROUP times longer
-        "dkdv+gqa": _with(_CUDA["dkdv"], 128, num_stages=3),
-        # fp8 (e4m3fn) forward, D 128: 0.461 vs 0.490 ms (N 4096 causal), 2.96 vs 3.08 (N 16384 full) for
-        # the bf16 row; 128 x 64 x 4 x 3: 0.470 / 2.86, 128 x 64 x 8 x 3/4 and 64 x 128 x 4 x 4 slower
-        "fwd+fp8": _with(_CUDA["fwd"], 128, BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
-        "keys_last": _KEYS_LAST,
-    },
+    # NVIDIA sm80 and later (H100/H200 measured)
+    "cuda": _CUDA_TARGET,
+    # Hopper (sm90: H100/H200). Default rows: the CUDA ones (pointer loads). The forward can move Q/K/V
+    # through device-side TMA descriptors (TMA, kernels/fwd.py), offered to the autotuner below and
+    # checked on the H200 by tests/test_sm90.py; its warp-specialised variant (WARP_SPECIALIZE) compiles
+    # (12 warps, launched as such by jax_flash_amd/_kernel_factory.py) but hung on the H200 with Triton
+    # 3.6 (128 x 128 and 128 x 64 tiles, D 128 / 64), so no row uses it.
+    "sm90": _CUDA_TARGET,
     "gfx90a": _hip(),  # MI200: 64 KiB LDS
     "gfx942": _hip(),  # MI300: 64 KiB LDS
     "gfx950": _hip(),  # MI350: 160 KiB LDS (128 x 128 forward tiles spill ~500 bytes/lane at D 128)
@@ -172,22 +180,30 @@ def _hip_candidates():
     }
 
 
+_CUDA_CANDIDATES = {
+    "fwd": (_rows(64, [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3),
+                       (64, 128, 4, 3)])
+            + _rows(128, _CUDA_FWD)
+            + _rows(256, [(128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2)])
+            + _rows(512, [(64, 32, 4, 1), (32, 32, 4, 1), (64, 16, 4, 1)])),
+    "dkdv": (_rows(64, _CUDA_DKDV) + _rows(128, _CUDA_DKDV)
+             + _rows(256, [(32, 128, 8, 2), (64, 128, 8, 1), (32, 64, 4, 3)], SPLIT=True, max_itemsize=2)
+             + _rows(256, [(32, 64, 8, 2), (16, 64, 4, 2)])
+             + _rows(512, [(16, 32, 4, 1), (16, 16, 4, 1)])),
+    "dq": (_rows(64, _CUDA_DQ) + _rows(128, _CUDA_DQ)
+           + _rows(256, [(128, 32, 8, 2), (128, 32, 8, 1), (128, 16, 8, 2)], max_itemsize=2)
+           + _rows(256, [(64, 32, 8, 2), (32, 32, 4, 2)])
+           + _rows(512, [(32, 16, 4, 1), (16, 16, 4, 1)])),
+}
+
+_TMA = dict(TMA=True)
+
 CANDIDATES = {
-    "cuda": {
-        "fwd": (_rows(64, [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3),
-                           (64, 128, 4, 3)])
-                + _rows(128, _CUDA_FWD)
-                + _rows(256, [(128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2)])
-                + _rows(512, [(64, 32, 4, 1), (32, 32, 4, 1), (64, 16, 4, 1)])),
-        "dkdv": (_rows(64, _CUDA_DKDV) + _rows(128, _CUDA_DKDV)
-                 + _rows(256, [(32, 128, 8, 2), (64, 128, 8, 1), (32, 64, 4, 3)], SPLIT=True, max_itemsize=2)
-                 + _rows(256, [(32, 64, 8, 2), (16, 64, 4, 2)])
-                 + _rows(512, [(16, 32, 4, 1), (16, 16, 4, 1)])),
-        "dq": (_rows(64, _CUDA_DQ) + _rows(128, _CUDA_DQ)
-               + _rows(256, [(128, 32, 8, 2), (128, 32, 8, 1), (128, 16, 8, 2)], max_itemsize=2)
-               + _rows(256, [(64, 32, 8, 2), (32, 32, 4, 2)])
-               + _rows(512, [(32, 16, 4, 1), (16, 16, 4, 1)])),
-    },
+    "cuda": _CUDA_CANDIDATES,
+    "sm90": {**_CUDA_CANDIDATES,
+             "fwd": (_rows(64, [(128, 128, 8, 2), (128, 64, 4, 3)], **_TMA)
+                     + _rows(128, [(128, 128, 8, 2), (128, 64, 4, 3)], **_TMA)
+                     + _CUDA_CANDIDATES["fwd"])},
     "gfx90a": _hip_candidates(),
     "gfx942": _hip_candidates(),
     "gfx950": _hip_candidates(),
