@@ -67,6 +67,9 @@ def _install_stand_ins(arch_details):
             waves_attr=re.findall(r'"amdgpu-waves-per-eu"="([\d,]+)"', result.llir),
             mfma_shapes=sorted(set(re.findall(r"mfma\.f32\.(\d+x\d+)x", result.llir))),  # e.g. "16x16"
             occupancy=int(occupancy.group(1)) if occupancy else None,
+            # the compat layer's pointer-range attribute (arrays < 2 GiB): buffer, not global, memory ops
+            buffer_loads=len(re.findall(r"^\s*buffer_load_", amdgcn, re.M)),
+            global_loads=len(re.findall(r"^\s*global_load_", amdgcn, re.M)),
             scratch=int(scratch.group(1)) if scratch else None,
         ))
         return result
