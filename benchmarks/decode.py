@@ -220,7 +220,7 @@ def sweep(q, k_cache, v_cache, lens, copy_bw: float, kv_bytes: int, page: int | 
     default = kvcache.plan(target, q, k_cache, table)
     rows = []
     base = 3 if not page else 5  # the default stages (configs.py: paged rows take two more)
-    configs = [(bn, w, s) for bn in (64, 128) for w in (4, 8) for s in (base - 1, base, base + 1)] + [(32, 4, base)]
+    configs = [(bn, w, s) for bn in (64, 128) for w in (2, 4, 8) for s in (base, base + 1)] + [(32, 4, base)]
     splits = sorted({max(1, default["splits"] // 2), default["splits"] * 2, default["splits"] * 4})
     for (bn, w, s), n in [(c, default["splits"]) for c in configs] + [((64, 4, base), n) for n in splits]:
         if page and page % bn:

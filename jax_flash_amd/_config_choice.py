@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_flash_amd import fp8
+from jax_flash_amd import _jax_triton_compat, fp8
 from jax_flash_amd.kernels import configs
 from jax_flash_amd.rules import Band
 
@@ -52,6 +52,8 @@ def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, kind:
         row = next((r for r in candidates if fits(r, width, dtype)), None)
         if row is None:
             raise ValueError(f"no {kernel} config for head_dim={head_dim}, dtype={dtype} on {target}")
-    blocks = {k: v for k, v in row.items() if k.isupper()}  # constexprs: BLOCK_*, SPLIT
+    blocks = {k: v for k, v in row.items() if k.isupper()}  # constexprs: BLOCK_*, SPLIT, TMA, ...
+    if blocks.get("WARP_SPECIALIZE") and not _jax_triton_compat.launches_compiled_warps():
+        blocks["WARP_SPECIALIZE"] = False  # launched with the requested warps, it would run a third of them
     options = {k: v for k, v in row.items() if k not in _SELECTORS and not k.isupper()}
     return blocks, options

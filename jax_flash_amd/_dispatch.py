@@ -90,11 +90,14 @@ def _reference(q, k, v, extras: Operands, opts: Options):
         q, k, v = (fp8.forward_only(x) for x in (q, k, v))
         q = fp8.dequantize(q, jnp.repeat(extras.q_descale, q.shape[2] // k.shape[2], axis=1))  # per kv head
         k, v = fp8.dequantize(k, extras.k_descale), fp8.dequantize(v, extras.v_descale)
-    out, lse = reference.attention(q, k, v, band=opts.band, softmax_scale=opts.softmax_scale,
-                                   softcap=opts.softcap, alibi_slopes=extras.slopes, dropout_p=opts.dropout_p,
-                                   dropout_seeds=extras.seeds, q_segment_ids=extras.q_segment_ids,
-                                   kv_segment_ids=extras.kv_segment_ids)
+    out, lse = reference.attention(q, k, v, **_reference_options(extras, opts))
     return (out.astype(jnp.bfloat16), lse) if fp8_inputs else (out, lse)
+
+
+def _reference_options(extras: Operands, opts: Options) -> dict:
+    return dict(band=opts.band, softmax_scale=opts.softmax_scale, softcap=opts.softcap, alibi_slopes=extras.slopes,
+                dropout_p=opts.dropout_p, dropout_seeds=extras.seeds, q_segment_ids=extras.q_segment_ids,
+                kv_segment_ids=extras.kv_segment_ids, positions=extras.positions)
 
 
 def _rows(opts: Options, run, target, q, k, kernels):
@@ -198,3 +201,10 @@ def kernel_backward(q, k, v, extras: Operands, opts: Options, out, lse, dout, dl
     """(dq, dk, dv) of the backward kernels for a given out and (natural) lse: ring attention calls it with
     the merged, global ones, which makes it return one block's exact share of the gradients."""
     return _bwd_rule(opts, (q, k, v, extras, out, lse * np.float32(1 / LN2)), (dout, dlse))[:3]
+
+
+def block_backward(q, k, v, extras: Operands, opts: Options, out, lse, dout, dlse):
+    """kernel_backward of any implementation ("xla": reference.block_gradients, float32)."""
+    if opts.implementation == "xla":
+        return reference.block_gradients(q, k, v, out, lse, dout, dlse, **_reference_options(extras, opts))
+    return kernel_backward(q, k, v, extras, opts, out, lse, dout, dlse)

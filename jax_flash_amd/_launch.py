@@ -54,6 +54,14 @@ def _params(kernel) -> tuple[str, ...]:
     return tuple(inspect.signature(kernel.fn).parameters)
 
 
+@functools.cache
+def _defaults(kernel) -> dict:
+    """The kernel's parameters with defaults (constexpr flags such as TMA). Given explicitly: jax-triton
+    compiles only what it is passed, so a default left out would arrive as None."""
+    return {name: p.default for name, p in inspect.signature(kernel.fn).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
 def _launch(kernel, grid, inputs: dict, out_shapes: tuple, constexprs: dict, options: dict,
             extras: Operands | None = None) -> Launch:
     """A Launch with `inputs` (every runtime parameter before the outputs, by name) in the kernel's order,
@@ -62,6 +70,7 @@ def _launch(kernel, grid, inputs: dict, out_shapes: tuple, constexprs: dict, opt
     if extras is not None:
         inputs = {**inputs, **extras.kernel_args(params)}
         constexprs = {**constexprs, **extras.kernel_flags(params)}
+    constexprs = {**_defaults(kernel), **constexprs}
     n_in = len(inputs)
     if set(params[:n_in]) != set(inputs):
         raise TypeError(f"{kernel.__name__} takes {params[:n_in]} before its outputs; given {tuple(inputs)}")

@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 # Shardy rules: b batch, s query positions, t key positions, h key/value heads, g query heads per
 # key/value head (query heads are (h g): sharding them in contiguous chunks shards h), d head_dim,
-# r an axis a device holds whole. The optional operands (operands.Operands) bring their own axes.
+# r and p axes a device holds whole. The optional operands (operands.Operands) bring their own axes.
 
 
 def rules(extra_axes: tuple[str, ...] = ()) -> tuple[str, str]:
@@ -36,7 +36,7 @@ def rules(extra_axes: tuple[str, ...] = ()) -> tuple[str, str]:
     return fwd, bwd
 
 
-_WHOLE = ("s", "d", "t", "r")  # factors a device must hold entirely (in order of first use: Shardy wants it)
+_WHOLE = ("s", "d", "t", "r", "p")  # factors a device must hold entirely (in order of first use: Shardy wants it)
 
 
 def wrap(fn, rule: str, group: int = 1, partition: bool = True):

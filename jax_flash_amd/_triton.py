@@ -22,10 +22,11 @@ def on_gpu() -> bool:
 
 @functools.cache
 def target() -> str:
-    """configs.TARGETS key of the default device: "cuda", or the gfx arch on ROCm."""
+    """configs.TARGETS key of the default device: "sm90" (Hopper), "cuda" (other NVIDIA), or the gfx arch
+    on ROCm."""
     dev = jax.devices()[0]
     if "rocm" not in dev.client.platform_version.lower():
-        return "cuda"
+        return "sm90" if str(getattr(dev, "compute_capability", "")).startswith("9.") else "cuda"
     arch = str(getattr(dev, "compute_capability", "")).split(":")[0]
     if arch not in configs.TARGETS:
         log.warning("jax_flash_amd: no configs for ROCm arch %r; using gfx942's", arch)

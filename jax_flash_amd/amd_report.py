@@ -1,15 +1,24 @@
-"""Register, spill, LDS and occupancy report of every kernel at its default config, cross-compiled
-on the CPU with Triton's own HIP (and CUDA) backends: no GPU, no ROCm needed.
+"""Register, spill, LDS, occupancy and inner-loop report of every kernel at its default config,
+cross-compiled on the CPU with Triton's own HIP (and CUDA) backends: no GPU, no ROCm needed.
 
     python -m jax_flash_amd.amd_report [--arch gfx90a,gfx942,gfx950,sm90] [--head-dims 64,128,256]
-                                       [--dtypes float16,bfloat16] [--check] [--jobs N]
+                                       [--dtypes float16,bfloat16] [--check] [--jobs N] [--json PATH]
 
 The launches (kernel, constexprs, compile options) are recorded from the same code that runs them on a
 GPU (``_launch.forward`` / ``_launch.backward``), and the options are those the installed jax-triton
 passes to Triton (all of a config row with jax-triton >= 0.4 or none installed; only num_warps and
-num_stages with 0.3.x), so the numbers describe what users run. ``--check`` exits
-non-zero when a default config spills, needs more LDS / shared memory than the arch has, or gives the
-forward at head_dim <= 128 on gfx942 (MI300) fewer than 2 waves per SIMD.
+num_stages with 0.3.x); array arguments carry the specialization the launch path gives them
+(``_jax_triton_compat.pointer_specialization``: on AMD the 32-bit pointer range that makes buffer
+loads), so the numbers describe what users run.
+
+On AMD the report also reads the unmasked inner loop of each kernel from its AMDGCN (``loop_stats``),
+one (query block, key block) tile per iteration: MFMA instructions and v_exp_f32 per tile (all waves)
+against the tile's ideal (products x 2*BM*BN*BLOCK_D flops over the instruction's; one exponential per
+probability), buffer vs global loads, LDS bytes per tile and instructions per wave per iteration.
+``--check`` exits non-zero when a default config spills, needs more LDS / shared memory than the arch
+has, gives the forward at head_dim <= 128 on gfx942 (MI300) fewer than 2 waves per SIMD, or (AMD)
+issues more than DUPLICATION_LIMIT times the ideal MFMA flops or exponentials per tile (work repeated
+by several warps), or global loads in the loop (64-bit addresses where buffer loads fit).
 Run it without TRITON_INTERPRET: it compiles the kernels, it does not interpret them.
 """
 from __future__ import annotations
@@ -18,6 +27,8 @@ import argparse
 import concurrent.futures
 import dataclasses
 import inspect
+import json
+import math
 import multiprocessing
 import os
 import re
@@ -39,6 +50,11 @@ AMD_ARCHS = ("gfx90a", "gfx942", "gfx950")
 # Bytes of LDS per workgroup (AMD: per CU) and shared memory per block (sm90, opt-in maximum).
 LOCAL_MEMORY = {"gfx90a": 64 << 10, "gfx942": 64 << 10, "gfx950": 160 << 10, "sm90": 227 << 10}
 SIMDS_PER_CU = 4
+LANES = 64  # per AMD wave
+DUPLICATION_LIMIT = 1.05  # --check: MFMA flops or v_exp_f32 per tile above this times the ideal
+# Matrix products per (query block, key block) tile: forward S = QK^T, PV; dQ S, dP, dQ; dK/dV S^T, dV, dP^T,
+# dK (SPLIT: the dK program's S^T, dP^T, dK, the loop loop_stats reads)
+PRODUCTS = {"fwd": 2, "dq": 3, "dkdv": 4, "decode": 2}  # decode: the KV-cache forward (kernels/decode.py)
 _TRITON_DTYPE = {jnp.dtype(jnp.float16): "fp16", jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float32): "fp32",
                  jnp.dtype(jnp.int32): "i32", jnp.dtype(jnp.float8_e4m3fn): "fp8e4nv",
                  jnp.dtype(jnp.float8_e4m3fnuz): "fp8e4b8"}
@@ -58,6 +74,18 @@ class Row:
     spill_bytes: int = 0  # AMD: scratch bytes per lane; sm90: spill stores
     local_mem: int = 0  # LDS / shared memory bytes per workgroup
     occupancy: int = 0  # AMD: waves per SIMD; sm90: 0 (not computed)
+    # AMD, the unmasked inner loop (one (query block, key block) tile per iteration; loop_stats):
+    mfma: str = ""  # the MFMA instructions it issues, e.g. "f32_32x32x8_bf16"
+    mfma_tile: int = 0  # MFMA instructions per tile (all waves)
+    mfma_ideal: int = 0  # what the tile's products need: products * 2*BM*BN*BLOCK_D flops / the instruction's
+    mfma_ratio: float = 0.0  # flops issued / flops needed (1.0: no duplicated work)
+    exp_tile: int = 0  # v_exp_f32 per tile (all waves)
+    exp_ideal: int = 0  # BM*BN/64 (one per probability, 64 lanes), plus one per wave for the forward's rescale
+    buffer_loads: int = 0  # buffer_load instructions per wave per iteration
+    global_loads: int = 0  # global_load instructions per wave per iteration (64-bit addresses)
+    load_bytes: int = 0  # bytes per lane of those loads, per iteration
+    lds_bytes: int = 0  # LDS bytes read + written per tile (all waves)
+    loop_instrs: int = 0  # instructions per wave per iteration
     error: str = ""
 
     def problems(self) -> list[str]:
@@ -70,6 +98,17 @@ class Row:
             out.append(f"needs {self.local_mem} B of LDS/shared memory, {self.arch} has {LOCAL_MEMORY[self.arch]}")
         if self.arch == "gfx942" and self.kernel.startswith("fwd") and self.head_dim <= 128 and self.occupancy < 2:
             out.append(f"forward occupancy {self.occupancy} < 2 waves/SIMD")
+        # the loop checks apply to the attention kernels (the KV-cache combine and append have no matrix products)
+        if self.arch in AMD_ARCHS and not self.error and self.kernel.partition("+")[0] in PRODUCTS:
+            if not self.mfma_tile:
+                out.append("no MFMA loop found")
+            elif self.mfma_ratio > DUPLICATION_LIMIT:
+                out.append(f"duplicated MFMA work: {self.mfma_ratio:.2f}x the tile's ({self.mfma_tile} vs "
+                           f"{self.mfma_ideal} per tile)")
+            if self.exp_tile > DUPLICATION_LIMIT * self.exp_ideal:
+                out.append(f"duplicated exp work: {self.exp_tile} v_exp_f32 per tile, ideal {self.exp_ideal}")
+            if self.global_loads:
+                out.append(f"{self.global_loads} global loads per iteration (buffer loads expected)")
         return out
 
 
@@ -117,16 +156,23 @@ def _kinds(target: str) -> list[tuple[bool, str]]:
     return [(False, ""), (True, ""), (True, "dropout")] + [(True, kind) for kind in extra] + [(True, "decode")]
 
 
-def _source(launch: _launch.Launch):
+def _source(launch: _launch.Launch, platform: str):
+    """The kernel as jax-triton hands it to Triton on `platform` ("hip" or "cuda"): array arguments
+    16-byte aligned, and on AMD said to span < 2 GiB (buffer loads) when they do, by the rule the
+    launch path applies (_jax_triton_compat.pointer_specialization), with each array's real size."""
+    from triton.backends.amd.compiler import HIPBackend
+    from triton.backends.nvidia.compiler import CUDABackend
     from triton.compiler import ASTSource
 
+    backend = HIPBackend if platform == "hip" else CUDABackend
     names = list(inspect.signature(launch.kernel.fn).parameters)
     values = [*launch.args, *launch.out_shapes]
     signature, attrs = {}, {}
     for i, (name, value) in enumerate(zip(names, values)):
         if isinstance(value, (jax.ShapeDtypeStruct, jax.Array)):
             signature[name] = "*" + _TRITON_DTYPE[jnp.dtype(value.dtype)]
-            attrs[(i,)] = [["tt.divisibility", 16]]  # jax-triton passes 16-byte aligned buffers
+            nbytes = math.prod(value.shape) * jnp.dtype(value.dtype).itemsize
+            attrs[(i,)] = backend.parse_attr(_jax_triton_compat.pointer_specialization(nbytes, platform))
         elif isinstance(value, np.floating):
             signature[name] = "fp32"
         else:
@@ -136,7 +182,78 @@ def _source(launch: _launch.Launch):
     return ASTSource(launch.kernel, signature, constexprs=dict(launch.constexprs), attrs=attrs)
 
 
-def _amd_stats(row: Row, compiled, num_warps: int) -> None:
+# v_mfma_<acc type>_<M>x<N>x<K>[_<blocks>b]_<input type> (gfx942 / gfx950 names) or ..._<M>x<N>x<K><input
+# type>[_1k] (gfx90a names, which do not say the block count of the multi-block variants: listed here)
+_MFMA = re.compile(r"v_mfma_(?:[a-z0-9]+_)+?(\d+)x(\d+)x(\d+)(?:_(\d+)b_)?")
+_GFX90A_BLOCKS = {"32x32x4bf16_1k": 2, "16x16x4bf16_1k": 4, "4x4x4bf16_1k": 16, "32x32x2bf16": 2, "16x16x2bf16": 4,
+                  "4x4x2bf16": 16, "32x32x4f16": 2, "16x16x4f16": 4, "4x4x4f16": 16, "32x32x1f32": 2,
+                  "16x16x1f32": 4, "4x4x1f32": 16}
+_LOAD = re.compile(r"(buffer|global)_load_(?:lds_)?(dword(?:x(\d))?|[us]?byte|[us]?short)")
+_LDS = re.compile(r"ds_(?:read|write|load|store)(2(?:st64)?)?_[bui](\d+)")
+
+
+def _mfma_flops(mnemonic: str) -> int:
+    m = _MFMA.match(mnemonic)
+    M, N, K = (int(m.group(i)) for i in (1, 2, 3))
+    blocks = int(m.group(4)) if m.group(4) else _GFX90A_BLOCKS.get(mnemonic[len("v_mfma_f32_"):], 1)
+    return 2 * M * N * K * blocks
+
+
+def _load_bytes(mnemonic: str) -> int:
+    m = _LOAD.match(mnemonic)
+    if m.group(2).startswith("dword"):
+        return 4 * int(m.group(3) or 1)
+    return 1 if "byte" in m.group(2) else 2
+
+
+def loops(gcn: str) -> list[list[str]]:
+    """The loops of an AMDGCN listing, in code order, each as the instructions (mnemonic and operands) of
+    its basic blocks: LLVM marks a loop's header block "Loop Header" and each other block of it "in Loop:
+    Header=<that block>" (innermost loop)."""
+    bodies: dict[str, list[str]] = {}
+    current = None
+    for line in gcn.splitlines():
+        label = re.match(r"^(?:\.L(BB\d+_\d+):|; %bb\.\d+:)\s*(?:;(.*))?$", line)
+        if label:
+            comment = label.group(2) or ""
+            inside = re.search(r"in Loop: Header=(BB\d+_\d+)", comment)
+            current = label.group(1) if "Loop Header" in comment else inside.group(1) if inside else None
+            if current is not None:
+                bodies.setdefault(current, [])
+        elif re.match(r"^[A-Za-z_][\w.]*:", line):  # the function's own label
+            current = None
+        elif current is not None and line[:1] in ("\t", " "):
+            text = line.split(";")[0].strip()
+            if text and not text.startswith("."):  # not an assembler directive (.loc, ...)
+                bodies[current].append(text)
+    return list(bodies.values())
+
+
+def loop_stats(gcn: str) -> dict:
+    """Per-wave counts of a kernel's unmasked inner loop, the one most tiles take: of the loops that issue
+    the most MFMA instructions (SPLIT dK/dV: the dK program's), the shortest (the loop over the masked
+    blocks at a band's edges does the same products plus the masking). Empty if no loop issues MFMAs. (Code
+    order says nothing: LLVM places blocks as it likes.)"""
+    mfma_loops = [b for b in loops(gcn) if any(i.startswith("v_mfma") for i in b)]
+    if not mfma_loops:
+        return {}
+    most = max(sum(i.startswith("v_mfma") for i in b) for b in mfma_loops)
+    body = min((b for b in mfma_loops if sum(i.startswith("v_mfma") for i in b) == most), key=len)
+    ops = [i.split()[0] for i in body]
+    mfma = [o for o in ops if o.startswith("v_mfma")]
+    loads = [o for o in ops if _LOAD.match(o)]
+    lds = [_LDS.match(o) for o in ops]
+    return dict(
+        instrs=len(ops), mfma=mfma, mfma_flops=sum(map(_mfma_flops, mfma)),
+        exp=sum(o.startswith("v_exp_f32") for o in ops),
+        buffer_loads=sum(o.startswith("buffer") for o in loads),
+        global_loads=sum(o.startswith("global") for o in loads),
+        load_bytes=sum(map(_load_bytes, loads)),
+        lds_bytes=sum(int(m.group(2)) // 8 * (2 if m.group(1) else 1) for m in lds if m),
+    )
+
+
+def _amd_stats(row: Row, compiled, num_warps: int, launch: _launch.Launch) -> None:
     gcn = compiled.asm["amdgcn"]
 
     def field(pattern):
@@ -154,6 +271,28 @@ def _amd_stats(row: Row, compiled, num_warps: int) -> None:
         occupancy = min(occupancy, workgroups * num_warps // SIMDS_PER_CU)
     row.occupancy = occupancy
 
+    stats = loop_stats(gcn)
+    if not stats or row.kernel.partition("+")[0] not in PRODUCTS:
+        return
+    # every wave runs the loop body once per tile: per-tile counts are the per-wave ones times the waves
+    c = launch.constexprs
+    kernel = row.kernel.partition("+")[0]
+    products = 3 if kernel == "dkdv" and c.get("SPLIT") else PRODUCTS[kernel]
+    tile = c["BLOCK_M"] * c["BLOCK_N"]
+    flops = products * 2 * tile * c["BLOCK_D"]
+    row.mfma = ",".join(sorted({m[len("v_mfma_"):] for m in stats["mfma"]}))
+    row.mfma_tile = len(stats["mfma"]) * num_warps
+    row.mfma_ratio = stats["mfma_flops"] * num_warps / flops
+    row.mfma_ideal = round(row.mfma_tile / row.mfma_ratio)
+    row.exp_tile = stats["exp"] * num_warps
+    # one exponential per probability, 64 to an instruction; the forward also rescales its running sums
+    # (exp2(m_old - m_new), one per query row: one instruction per wave)
+    row.exp_ideal = tile // LANES + (num_warps if kernel in ("fwd", "decode") else 0)
+    row.buffer_loads, row.global_loads = stats["buffer_loads"], stats["global_loads"]
+    row.load_bytes = stats["load_bytes"]
+    row.lds_bytes = stats["lds_bytes"] * LANES * num_warps
+    row.loop_instrs = stats["instrs"]
+
 
 def _cuda_stats(row: Row, compiled) -> None:
     from triton.backends.nvidia.compiler import get_ptxas
@@ -169,23 +308,28 @@ def _cuda_stats(row: Row, compiled) -> None:
     row.local_mem = compiled.metadata.shared
 
 
-def compile_row(arch: str, head_dim: int, dtype: str, causal: bool, kernel: str) -> Row:
+def compile_launch(launch: _launch.Launch, arch: str, options: dict):
+    """Triton's compiled kernel of a launch for `arch` (gfx90a / gfx942 / gfx950 / sm90), on the CPU."""
     import triton
     from triton.backends.compiler import GPUTarget
 
+    platform, target = ("cuda", GPUTarget("cuda", 90, 32)) if arch == "sm90" else ("hip", GPUTarget("hip", arch, 64))
+    return triton.compile(_source(launch, platform), target=target, options=options)
+
+
+def compile_row(arch: str, head_dim: int, dtype: str, causal: bool, kernel: str) -> Row:
     kind = "decode" if kernel.startswith(("decode", "kv_append")) else kernel.partition("+")[2]
     launch = dict(record_launches(_target(arch), head_dim, dtype, causal, kind))[kernel]
     options = _jax_triton_compat.compiler_options(launch.compile_options)  # what the runtime passes
     shown = {k: v for k, v in launch.constexprs.items()
              if (k.startswith("BLOCK_") and k != "BLOCK_D") or (k == "SPLIT" and v)}
     row = Row(arch, kernel, head_dim, dtype, causal, config=" ".join(f"{k}={v}" for k, v in {**shown, **options}.items()))
-    target = GPUTarget("cuda", 90, 32) if arch == "sm90" else GPUTarget("hip", arch, 64)
     try:
-        compiled = triton.compile(_source(launch), target=target, options=options)
+        compiled = compile_launch(launch, arch, options)
         if arch == "sm90":
             _cuda_stats(row, compiled)
         else:
-            _amd_stats(row, compiled, options.get("num_warps", 4))
+            _amd_stats(row, compiled, options.get("num_warps", 4), launch)
     except Exception as e:  # report it as a row; --check fails on it
         row.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
     return row
@@ -248,13 +392,21 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def format_table(rows: list[Row]) -> str:
+    """Markdown. The loop columns (AMD: the unmasked inner loop, loop_stats) are per tile (all waves) for
+    MFMA, v_exp and LDS bytes, and per wave and iteration for loads and instructions."""
     head = ("| arch | kernel | D | dtype | causal | config | VGPR | AGPR | SGPR | spill B | LDS/smem B | waves/SIMD |"
-            " problems |")
-    lines = [head, "|" + "---|" * 13]
+            " MFMA | MFMA/tile (ideal) | v_exp/tile (ideal) | loads/iter | LDS B/tile | instrs/iter | problems |")
+    lines = [head, "|" + "---|" * 19]
     for r in rows:
+        loop = ["-"] * 6
+        if r.mfma_tile:
+            loads = " + ".join(f"{n} {kind}" for n, kind in ((r.buffer_loads, "buffer"), (r.global_loads, "global"))
+                               if n) or "0"
+            loop = [r.mfma, f"{r.mfma_tile} ({r.mfma_ideal})", f"{r.exp_tile} ({r.exp_ideal})",
+                    f"{loads}, {r.load_bytes} B", str(r.lds_bytes), str(r.loop_instrs)]
         lines.append(f"| {r.arch} | {r.kernel} | {r.head_dim} | {r.dtype} | {'yes' if r.causal else 'no'} | {r.config} "
                      f"| {r.vgprs} | {r.agprs} | {r.sgprs} | {r.spill_bytes} | {r.local_mem} | {r.occupancy or '-'} "
-                     f"| {'; '.join(r.problems())} |")
+                     f"| {' | '.join(loop)} | {'; '.join(r.problems())} |")
     return "\n".join(lines)
 
 
@@ -264,9 +416,11 @@ def main(argv=None) -> int:
                     help=f"comma-separated, from {', '.join(LOCAL_MEMORY)} (sm90: NVIDIA Hopper, registers from ptxas)")
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--dtypes", default="float16,bfloat16")
-    ap.add_argument("--check", action="store_true", help="exit 1 if any default config spills, overflows LDS, "
-                                                         "or gives the gfx942 forward (D <= 128) occupancy < 2")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 if any default config spills, overflows LDS, gives the gfx942 forward (D <= 128) "
+                         "occupancy < 2, or (AMD) does duplicated MFMA / exp work or global loads in its loop")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--json", metavar="PATH", help="also write the rows (and their problems) as JSON")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         ap.error("unset TRITON_INTERPRET: the report compiles the kernels")
@@ -279,6 +433,11 @@ def main(argv=None) -> int:
     print(f"compile options as jax-triton {'.'.join(map(str, jt)) if jt else '>= 0.4 (not installed here)'} "
           f"passes them; triton {'.'.join(map(str, _jax_triton_compat.versions()['triton']))}\n")
     print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(versions={k: ".".join(map(str, v)) if v else None
+                                     for k, v in _jax_triton_compat.versions().items()},
+                           rows=[dict(dataclasses.asdict(r), problems=r.problems()) for r in rows]), f, indent=1)
     bad = [r for r in rows if r.problems()]
     if args.check:
         print(f"\ncheck: {len(rows) - len(bad)}/{len(rows)} kernels pass", file=sys.stderr)

@@ -406,6 +406,9 @@ def plan(target: str, q, k_cache, block_table, num_splits_wanted: int = 0, rows=
     block_n = blocks["BLOCK_N"]
     if block_table is not None:  # a key block lies within one page
         block_n = min(block_n, k_cache.shape[1] & -k_cache.shape[1])
+    rows_per_warp = options.pop("rows_per_warp", None)
+    if rows_per_warp:  # one warp per strip of rows (configs.py, AMD: more would repeat the same MFMAs)
+        options["num_warps"] = max(1, min(options["num_warps"], block_m // rows_per_warp))
     row_blocks = -(-sq * (h // h_kv) // block_m)
     programs = b * h_kv * row_blocks
     splits = num_splits_wanted or num_splits(target, programs, _capacity(k_cache, block_table), block_n)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 @dataclasses.dataclass(frozen=True)
 class Spec:
     axes: str  # Shardy factors (_spmd): b batch, s query and t key positions, h key/value heads, g query
-    #            heads per key/value head ("(h g)" = query heads), r an axis a device holds whole
+    #            heads per key/value head ("(h g)" = query heads), r and p axes a device holds whole
     dtype: Any  # what the kernel reads (a same-width bitcast of the array when the dtypes differ)
     param: str  # the kernel parameter it is passed as
     flag: str | None = None  # a kernel constexpr told whether it is present (None: the kernel knows otherwise)
@@ -44,6 +44,11 @@ class Operands:
     q_descale: Any = _field("b h", jnp.float32, "QDescale")
     k_descale: Any = _field("b h", jnp.float32, "KDescale")
     v_descale: Any = _field("b h", jnp.float32, "VDescale")
+    # (batch, 3) int32 (pos_q, pos_k, D): the call is a block of a larger one (ring attention), query i
+    # and key j being its query pos_q + i and key pos_k + j, D its seq_k - seq_q. The band, ALiBi and
+    # the dropout counters follow those positions (kernels/masking.py `place`; dropout needs pos_q a
+    # multiple of 16, pos_k of 8). Per batch row, so vmap and sharding treat it like the other operands.
+    positions: Any = _field("b p", jnp.int32, "Positions", "POSITIONS")
 
     def present(self) -> tuple[str, ...]:
         """Names of the fields that hold arrays, in declaration (= leaf) order."""

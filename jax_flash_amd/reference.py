@@ -42,13 +42,20 @@ def _philox(c0, c1, c2, c3, k0, k1, rounds: int = 7):
     return c0, c1, c2, c3
 
 
-def dropout_keep(seeds, seq_q: int, seq_k: int, p: float) -> jax.Array:
+def dropout_keep(seeds, seq_q: int, seq_k: int, p: float, row0=None, col0=None) -> jax.Array:
     """(B, H, seq_q, seq_k) bool: the probabilities the kernels keep for Philox keys seeds (B, H, 2)
     uint32 (kernels/dropout.py, bit for bit): query 16a + 8m + l and key 32b + 8i + 2t + j take byte
-    8m + 2i + j of the call with counter (4b + t, 8a + l, 0, 0)."""
-    na, nb = -(-seq_q // 16), -(-seq_k // 32)
-    c0 = jnp.broadcast_to(jnp.arange(4 * nb, dtype=jnp.uint32)[None, :], (8 * na, 4 * nb))  # 4b + t
-    c1 = jnp.broadcast_to(jnp.arange(8 * na, dtype=jnp.uint32)[:, None], (8 * na, 4 * nb))  # 8a + l
+    8m + 2i + j of the call with counter (4b + t, 8a + l, 0, 0). row0, col0 (B,) int32 (both or
+    neither): the rows and keys are those of a larger call from these positions on
+    (operands.Operands.positions): its mask, cut out of a grid that covers them."""
+    offset = row0 is not None
+    na, nb = -(-(seq_q + 15 * offset) // 16), -(-(seq_k + 31 * offset) // 32)
+    c0 = jnp.arange(4 * nb, dtype=jnp.uint32)[None, :]  # 4b + t
+    c1 = jnp.arange(8 * na, dtype=jnp.uint32)[:, None]  # 8a + l
+    if offset:  # per batch row: the grid starts at the 16 x 32 tile holding (row0, col0)
+        c0 = c0 + (col0 // 32 * 4).astype(jnp.uint32)[:, None, None, None]
+        c1 = c1 + (row0 // 16 * 8).astype(jnp.uint32)[:, None, None, None]
+    c0, c1 = jnp.broadcast_arrays(c0, c1)
     zero = jnp.zeros_like(c0)
     k0, k1 = seeds[..., 0, None, None], seeds[..., 1, None, None]
     words = jnp.stack(_philox(c0, c1, zero, zero, k0, k1), axis=-1)  # [..., 8a + l, 4b + t, n // 4]
@@ -57,8 +64,11 @@ def dropout_keep(seeds, seq_q: int, seq_k: int, p: float) -> jax.Array:
     random_bytes = random_bytes.reshape(*lead, na, 8, nb, 4, 2, 4, 2)  # [..., a, l, b, t, m, i, j]
     n = len(lead)
     random_bytes = random_bytes.transpose(*range(n), n, n + 4, n + 1, n + 2, n + 5, n + 3, n + 6)  # a m l b i t j
-    random_bytes = random_bytes.reshape(*lead, 16 * na, 32 * nb)[..., :seq_q, :seq_k]
-    return random_bytes >= dropout_threshold(p)
+    random_bytes = random_bytes.reshape(*lead, 16 * na, 32 * nb)
+    if offset:
+        cut = lambda x, r, c: jax.lax.dynamic_slice(x, (0, r, c), (x.shape[0], seq_q, seq_k))  # noqa: E731
+        random_bytes = jax.vmap(cut)(random_bytes, row0 % 16, col0 % 32)
+    return random_bytes[..., :seq_q, :seq_k] >= dropout_threshold(p)
 
 
 def segment_mask(q_segment_ids, kv_segment_ids) -> jax.Array:
@@ -69,7 +79,7 @@ def segment_mask(q_segment_ids, kv_segment_ids) -> jax.Array:
 def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
               window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
               dropout_p: float = 0.0, dropout_seeds=None, q_segment_ids=None, kv_segment_ids=None,
-              band: Band | None = None):
+              band: Band | None = None, positions=None):
     """(out, lse) for q (B, Sq, H, D), k/v (B, Sk, H_kv, D) with H a multiple of H_kv (grouped-query
     attention: query head h uses key/value head h // (H // H_kv)); lse (B, H, Sq) float32, natural log.
 
@@ -79,7 +89,8 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     dropout_seeds (B, H, 2) uint32 (see dropout_seeds): the kernels' dropout mask, kept values scaled
     by 1 / (1 - rate), rate = rules.dropout_rate(p) (p rounded to a multiple of 1/256); lse is that of
     the probabilities before dropout. band: the call's rules.Band when the caller has it (else made
-    from causal and window_size).
+    from causal and window_size). positions (B, 3) int32: the call is a block of a larger one
+    (operands.Operands.positions); band, ALiBi and dropout follow the larger call's positions.
 
     Gradients (reverse mode, any order; alibi_slopes get none) follow the kernels' backward, kernels/bwd.py:
     only (q, k, v, out, lse) are saved, P is recomputed (normalised by its row sum), and the softmax backward
@@ -93,7 +104,7 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     if band is None:
         band = Band.of(causal, tuple(window_size), q.shape[1], k.shape[1])
     static = _Static(band, float(scale), float(softcap), float(dropout_p))
-    return _attention(static, q, k, v, alibi_slopes, dropout_seeds, q_segment_ids, kv_segment_ids)
+    return _attention(static, q, k, v, alibi_slopes, dropout_seeds, q_segment_ids, kv_segment_ids, positions)
 
 
 class _Static(NamedTuple):
@@ -104,7 +115,19 @@ class _Static(NamedTuple):
     dropout_p: float
 
 
-def _logits(st: _Static, q, k, slopes, q_ids, kv_ids):
+def _shift(positions, seq_q: int, seq_k: int):
+    """(B,) int32: how far positions move the diagonal (kernels/masking.py `place`), or None."""
+    if positions is None:
+        return None
+    return positions[:, 0] - positions[:, 1] + positions[:, 2] - (seq_k - seq_q)
+
+
+def _keep(st: _Static, seeds, positions, seq_q: int, seq_k: int):
+    corner = () if positions is None else (positions[:, 0], positions[:, 1])
+    return dropout_keep(seeds, seq_q, seq_k, st.dropout_p, *corner)
+
+
+def _logits(st: _Static, q, k, slopes, q_ids, kv_ids, positions):
     """(s, dcap, seen): float32 logits (B, H, Sq, Sk) from dots of the input dtype (k already repeated
     per query head), d s / d(scale * q.k) (1 - tanh^2 with softcap, else None), and the visibility mask."""
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32, precision=_HIGHEST) * st.scale
@@ -113,10 +136,13 @@ def _logits(st: _Static, q, k, slopes, q_ids, kv_ids):
         t = jnp.tanh(s / st.softcap)
         s, dcap = st.softcap * t, 1.0 - t * t
     sq, sk = q.shape[1], k.shape[1]
+    shift = _shift(positions, sq, sk)
     if slopes is not None:
-        dist = jnp.abs(jnp.arange(sq)[:, None] + (sk - sq) - jnp.arange(sk)[None, :]).astype(jnp.float32)
-        s = s - jax.lax.stop_gradient(slopes)[:, :, None, None] * dist
-    seen = st.band.visible(sq, sk)
+        dist = jnp.arange(sq)[:, None] + (sk - sq) - jnp.arange(sk)[None, :]
+        if shift is not None:
+            dist = dist + shift[:, None, None, None]  # (B, 1, Sq, Sk)
+        s = s - jax.lax.stop_gradient(slopes)[:, :, None, None] * jnp.abs(dist).astype(jnp.float32)
+    seen = st.band.visible(sq, sk, shift)
     if q_ids is not None:
         seen = seen & segment_mask(q_ids, kv_ids)
     return s, dcap, seen
@@ -130,10 +156,10 @@ def _per_query_head(q, k, v):
     return k, v
 
 
-def _forward(st: _Static, q, k, v, slopes, seeds, q_ids, kv_ids):
+def _forward(st: _Static, q, k, v, slopes, seeds, q_ids, kv_ids, positions):
     """(out, lse), plain JAX (also what second derivatives differentiate)."""
     k, v = _per_query_head(q, k, v)
-    s, _, seen = _logits(st, q, k, slopes, q_ids, kv_ids)
+    s, _, seen = _logits(st, q, k, slopes, q_ids, kv_ids, positions)
     s = jnp.where(seen, s, -jnp.inf)
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1))
     m = jnp.where(jnp.isfinite(m), m, 0.0)  # empty rows: exp(-inf - 0) = 0, no NaN
@@ -142,7 +168,7 @@ def _forward(st: _Static, q, k, v, slopes, seeds, q_ids, kv_ids):
     empty = l == 0.0
     l_safe = jnp.where(empty, 1.0, l)
     if st.dropout_p > 0:
-        p = jnp.where(dropout_keep(seeds, q.shape[1], k.shape[1], st.dropout_p), p, 0.0)
+        p = jnp.where(_keep(st, seeds, positions, q.shape[1], k.shape[1]), p, 0.0)
     acc = jnp.einsum("bhqk,bkhd->bqhd", p.astype(q.dtype), v, preferred_element_type=jnp.float32,
                      precision=_HIGHEST)
     out = acc / jnp.transpose(l_safe, (0, 2, 1))[..., None]
@@ -155,35 +181,62 @@ def _forward(st: _Static, q, k, v, slopes, seeds, q_ids, kv_ids):
 _attention = jax.custom_vjp(_forward, nondiff_argnums=(0,))
 
 
-def _attention_fwd(st: _Static, q, k, v, slopes, seeds, q_ids, kv_ids):
-    out, lse = _forward(st, q, k, v, slopes, seeds, q_ids, kv_ids)
-    return (out, lse), (q, k, v, slopes, seeds, q_ids, kv_ids, out, lse)
+def _attention_fwd(st: _Static, q, k, v, slopes, seeds, q_ids, kv_ids, positions):
+    out, lse = _forward(st, q, k, v, slopes, seeds, q_ids, kv_ids, positions)
+    return (out, lse), (q, k, v, slopes, seeds, q_ids, kv_ids, positions, out, lse)
 
 
 def _attention_bwd(st: _Static, res, cotangents):
     """The kernels' backward (kernels/bwd.py) in plain JAX, so it can be differentiated again."""
-    q, k_in, v_in, slopes, seeds, q_ids, kv_ids, out, lse = res
-    dout, dlse = cotangents
+    q, k, v, *operands, out, lse = res
+    dq, dk, dv = _gradients(st, q, k, v, *operands, out, lse, *cotangents, own=True)
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)) + (None,) * len(operands)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def block_gradients(q, k, v, out, lse, dout, dlse, *, band: Band, softmax_scale: float, softcap: float = 0.0,
+                    alibi_slopes=None, dropout_p: float = 0.0, dropout_seeds=None, q_segment_ids=None,
+                    kv_segment_ids=None, positions=None):
+    """float32 (dq, dk, dv) of attention of q to a block of the keys (k, v) when out and lse (natural) are
+    those of the whole call, over every key (ring attention's backward step): the block's exact share,
+    computed as the kernels' backward does when handed that out and lse. Arguments as attention's."""
+    st = _Static(band, float(softmax_scale), float(softcap), float(dropout_p))
+    return _gradients(st, q, k, v, alibi_slopes, dropout_seeds, q_segment_ids, kv_segment_ids, positions, out, lse,
+                      dout, dlse, own=False)
+
+
+def _gradients(st: _Static, q, k_in, v_in, slopes, seeds, q_ids, kv_ids, positions, out, lse, dout, dlse,
+               own: bool):
+    """float32 (dq, dk, dv). own: out and lse are this call's; else a larger call's (block_gradients)."""
     dtype = q.dtype
     k, v = _per_query_head(q, k_in, v_in)
-    s, dcap, seen = _logits(st, q, k, slopes, q_ids, kv_ids)
-    # P: the softmax recomputed in float32 and divided by its own row sum (the kernels use exp(s - lse),
-    # the same up to rounding), so a row that sees one key has P exactly 1 however XLA fuses s here and in
-    # the forward. Masked before exp: neither P nor its derivatives see inf - inf (empty rows: P = 0)
+    s, dcap, seen = _logits(st, q, k, slopes, q_ids, kv_ids, positions)
+    # Masked before exp: neither P nor its derivatives see inf - inf (empty rows: P = 0)
     seen = seen & jnp.isfinite(lse)[..., None]
-    m = jax.lax.stop_gradient(jnp.max(jnp.where(seen, s, -jnp.inf), axis=-1, keepdims=True))
-    e = jnp.exp(jnp.where(seen, s - jnp.where(jnp.isfinite(m), m, 0.0), -jnp.inf))
-    row = jnp.sum(e, axis=-1, keepdims=True)
-    p = e / jnp.where(row > 0, row, 1.0)
+    if own:
+        # P: the softmax recomputed in float32 and divided by its own row sum (the kernels use exp(s - lse),
+        # the same up to rounding), so a row that sees one key has P exactly 1 however XLA fuses s here and
+        # in the forward
+        m = jax.lax.stop_gradient(jnp.max(jnp.where(seen, s, -jnp.inf), axis=-1, keepdims=True))
+        e = jnp.exp(jnp.where(seen, s - jnp.where(jnp.isfinite(m), m, 0.0), -jnp.inf))
+        row = jnp.sum(e, axis=-1, keepdims=True)
+        p = e / jnp.where(row > 0, row, 1.0)
+    else:  # this block's part of the whole call's softmax: only the whole call's lse normalises it
+        p = jnp.where(seen, jnp.exp(s - jnp.where(jnp.isfinite(lse), lse, 0.0)[..., None]), 0.0)
     dp = jnp.einsum("bqhd,bkhd->bhqk", dout, v, preferred_element_type=jnp.float32, precision=_HIGHEST)
     pd = p
     if st.dropout_p > 0:  # the forward's mask: Pd = P * keep * keep_scale feeds dV, and dP is masked alike
-        kept, keep_scale = dropout_keep(seeds, q.shape[1], k.shape[1], st.dropout_p), dropout_keep_scale(st.dropout_p)
+        kept, keep_scale = _keep(st, seeds, positions, q.shape[1], k.shape[1]), dropout_keep_scale(st.dropout_p)
         pd = jnp.where(kept, p * keep_scale, 0.0)
         dp = jnp.where(kept, dp * keep_scale, 0.0)
-    # delta = rowsum(P * dP) (which equals rowsum(dO * O), the kernels' form, up to rounding): the same
-    # float32 products as dP's, so a row whose P is one-hot gets dS = P * (dP - dP) = 0 exactly
-    delta = jnp.sum(p * dp, axis=-1) - dlse
+    if own:
+        # delta = rowsum(P * dP) (which equals rowsum(dO * O), the kernels' form, up to rounding): the same
+        # float32 products as dP's, so a row whose P is one-hot gets dS = P * (dP - dP) = 0 exactly
+        delta = jnp.sum(p * dp, axis=-1) - dlse
+    else:  # the kernels' form: this block's P does not sum to the whole row's
+        delta = jnp.transpose(jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1), (0, 2, 1)) - dlse
     ds = p * (dp - delta[..., None])
     if dcap is not None:  # through softcap's tanh
         ds = ds * dcap
@@ -196,7 +249,4 @@ def _attention_bwd(st: _Static, res, cotangents):
     group = h // k_in.shape[2]
     if group > 1:  # a key/value head's gradient sums over the query heads that read it (in float32)
         dk, dv = (x.reshape(b, sk, h // group, group, d).sum(3) for x in (dk, dv))
-    return dq.astype(dtype), dk.astype(k_in.dtype), dv.astype(v_in.dtype), None, None, None, None
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd)
+    return dq, dk, dv

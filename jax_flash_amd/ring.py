@@ -21,22 +21,28 @@ device n-1 works n times as long as device 0. Zig-zag layout (device i holds chu
 all its queries to the first half of the block (j < i) or the second half of its queries to the whole
 block (j > i): equal work everywhere. The device index is traced, so `lax.cond` picks between the
 static calls.
+
+Window, ALiBi, dropout. These depend on where a block lies, and which block a device holds is traced:
+each call gets its global positions as a runtime operand (operands.Operands.positions; the kernels
+shift the band and ALiBi's diagonal by it and count dropout's Philox by global position, so the mask
+is the unsharded call's). Calls then run over runs of consecutive positions (zig-zag: up to four per
+step, one per pair of chunks), each skipped by `lax.cond` where the band (window and causal) reaches no
+pair of it; inside a call the kernels skip the key blocks outside the shifted band.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from jax_flash_amd import _dispatch, _spmd, api, fp8
+from jax_flash_amd import _dispatch, _spmd, api, fp8, reference
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
 
 LAYOUTS = ("contiguous", "zigzag")
-_HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: float | None = None,
@@ -52,9 +58,19 @@ def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: f
       axis_name: the mesh axis the sequence is split over (every device of it holds one shard).
       causal: query position p sees key position p' iff p' <= p (global positions; needs seq_q == seq_k).
       softmax_scale, softcap, implementation: as in `jax_flash_amd.attention`.
+      window_size: (left, right) as in `attention`, over global positions (bottom-right aligned on the
+        global seq_q, seq_k). Calls the window does not reach are skipped (K/V still go round).
+      alibi_slopes: (heads_q,) or (batch, heads_q) (this device's batch rows), as in `attention`;
+        distances are between global positions.
+      dropout_p, dropout_rng: as in `attention`, with the same key on every device of the axis: the mask
+        is the unsharded call's (Philox counted by global position). Each device's shard (zig-zag: each
+        chunk) must hold a multiple of 16 positions. The keys are per (batch, head) row of this shard:
+        where shard_map also splits batch or heads, the mask is not the unsharded call's, and the
+        same key gives every such shard the same mask (fold the shard's index into the key to avoid it).
       q_segment_ids, kv_segment_ids: this device's (batch, seq / n) ids, as in `attention` (kv ids travel
         with their K/V block).
-      layout: how global positions are laid over the devices (matters only when causal).
+      layout: how global positions are laid over the devices (matters with causal, window, ALiBi or
+        dropout).
         "contiguous": device i holds positions [i S/n, (i+1) S/n). Causal work is unbalanced (device i
         computes i + 1 blocks of n).
         "zigzag": the sequence in 2n equal chunks, device i holds chunks i and 2n-1-i (in that order):
@@ -62,8 +78,6 @@ def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: f
         (shard it afterwards), `unzigzag` undoes it.
       return_lse: also return the logsumexp (batch, heads_q, seq_q / n), float32, natural log, in the
         layout's order.
-      window_size, alibi_slopes, dropout_p: not supported yet (they need each block's global position
-        offset inside the kernels); anything but the default raises NotImplementedError.
 
     Returns:
       out (this device's shard, q's shape and dtype), or (out, lse) when return_lse. Differentiable in q,
@@ -75,14 +89,6 @@ def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: f
       ...                   layout="zigzag"), mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
       >>> out = unzigzag(f(*(zigzag(x, mesh.shape["seq"], axis=1) for x in (q, k, v))), mesh.shape["seq"], 1)
     """
-    unsupported = {"window_size": tuple(window_size) != (-1, -1), "alibi_slopes": alibi_slopes is not None,
-                   "dropout_p": dropout_p != 0 or dropout_rng is not None}
-    for name, given in unsupported.items():
-        if given:
-            raise NotImplementedError(
-                f"ring_attention does not support {name} yet: across ring steps it needs each K/V block's "
-                f"global position offset inside the kernels. Use jax_flash_amd.attention on an unsharded "
-                f"sequence for {name}.")
     q, k, v = api._check_arrays(q, k, v)
     if fp8.is_fp8(q.dtype):
         raise NotImplementedError("ring_attention does not support float8 inputs yet (use float16, bfloat16 or "
@@ -91,8 +97,11 @@ def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: f
         api._check_flag(name, flag)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
+    window = api._check_window(window_size)
     softcap = api._check_softcap(softcap)
+    slopes = api._check_slopes(alibi_slopes, q.shape[0], q.shape[2])
     scale = api._check_scale(softmax_scale, q.shape[-1])
+    dropout_p = api._check_dropout(dropout_p, dropout_rng)
     q_ids, kv_ids = api._check_segment_ids(q_segment_ids, kv_segment_ids, q.shape[:2], k.shape[:2])
     impl = _dispatch.choose_implementation(implementation)
     n = _axis_size(axis_name)
@@ -100,9 +109,19 @@ def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: f
     if causal and sq != sk:
         raise ValueError(f"causal ring_attention needs equal query and key shards; got seq_q / n = {sq}, "
                          f"seq_k / n = {sk}")
-    if causal and layout == "zigzag" and sq % 2:
-        raise ValueError(f"layout='zigzag' holds two equal chunks per device: the local sequence length must "
-                         f"be even; got {sq}")
+    band = Band.of(causal, window, n * sq, n * sk)  # of the global sequence
+    # a window (beyond causal), ALiBi or dropout depend on where each block lies: every call gets its positions
+    positional = band != Band.of(causal, (-1, -1), n * sq, n * sk) or slopes is not None or dropout_p > 0
+    layout = layout if causal or positional else "contiguous"  # else the layout changes nothing
+    if layout == "zigzag" and (sq % 2 or sk % 2):
+        raise ValueError(f"layout='zigzag' holds two equal chunks per device: the local sequence lengths must "
+                         f"be even; got {sq} queries, {sk} keys")
+    if dropout_p > 0 and n > 1:
+        chunk_q, chunk_k = (sq // 2, sk // 2) if layout == "zigzag" else (sq, sk)
+        if chunk_q % 16 or chunk_k % 16:
+            raise ValueError(f"ring_attention with dropout_p > 0 draws the unsharded call's mask, in 16 x 16 tiles "
+                             f"of global positions: each device's {'zig-zag chunk' if layout == 'zigzag' else 'shard'}"
+                             f" must hold a multiple of 16 positions; got {chunk_q} queries, {chunk_k} keys")
     if q.size == 0 or sk == 0:  # nothing to attend to: as attention, no launch (and no collective)
         out = _spmd.match_varying(jnp.zeros_like(q), q, k, v)
         lse = _spmd.match_varying(jnp.transpose(jnp.full_like(q[..., 0], -jnp.inf, dtype=jnp.float32), (0, 2, 1)),
@@ -110,13 +129,15 @@ def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: f
         return (out, lse) if return_lse else out
     if impl != "xla":
         api._check_kernel_limits(q, k)
-    extras = Operands(q_segment_ids=q_ids, kv_segment_ids=kv_ids)
+    # the same key on every device: the unsharded call's per-(batch, head) Philox keys
+    seeds = reference.dropout_seeds(dropout_rng, q.shape[0], q.shape[2]) if dropout_p > 0 else None
+    extras = Operands(slopes=slopes, seeds=seeds, q_segment_ids=q_ids, kv_segment_ids=kv_ids)
+    opts = _dispatch.Options(implementation=impl, softmax_scale=scale, softcap=softcap, dropout_p=dropout_p)
     if n == 1:  # a ring of one device is plain attention: no merge, no accumulators, no overhead
-        out, lse = _dispatch.attention(q, k, v, extras, _dispatch.Options(
-            implementation=impl, softmax_scale=scale, softcap=softcap, band=Band.of(causal, (-1, -1), sq, sk)))
+        out, lse = _dispatch.attention(q, k, v, extras, dataclasses.replace(opts, band=band))
         return (out, lse) if return_lse else out
-    cfg = _Ring(axis_name=axis_name, size=n, causal=causal, layout=layout if causal else "contiguous",
-                opts=_dispatch.Options(implementation=impl, softmax_scale=scale, softcap=softcap))
+    cfg = _Ring(axis_name=axis_name, size=n, causal=causal, layout=layout, positional=positional,
+                opts=dataclasses.replace(opts, band=band) if positional else opts)
     out, lse = _ring(q, k, v, extras, cfg)
     return (out, lse) if return_lse else out
 
@@ -156,33 +177,82 @@ class _Ring:
     axis_name: Any
     size: int  # devices along axis_name
     causal: bool
-    layout: str  # "contiguous" for every non-causal call (the layout changes nothing there)
-    opts: _dispatch.Options  # the band is set per call (_pieces)
+    layout: str  # "contiguous" where the layout changes nothing (no causal, window, ALiBi or dropout)
+    opts: _dispatch.Options  # positional: the global band; else the band is set per call (_pieces)
+    positional: bool = False  # window, ALiBi or dropout: calls over runs of global positions (_placed)
 
 
-# A step is one of these kinds; each is a list of static calls (query slice, key slice, causal) over the
-# local positions (half: the first of the two zig-zag chunks).
-def _pieces(kind: str, sq: int, sk: int):
+class _Piece(NamedTuple):
+    """One call of a step: local query and key slices, its options, and (positional) its global
+    positions (3,): first query, first key, global seq_k - seq_q (operands.Operands.positions)."""
+    qs: slice
+    ks: slice
+    opts: _dispatch.Options
+    positions: Any = None
+
+
+# Without positions a step is one of these kinds; each is a list of static calls (query slice, key slice,
+# causal) over the local positions (half: the first of the two zig-zag chunks).
+def _pieces(cfg: _Ring, kind: str, sq: int, sk: int) -> list[_Piece]:
     every_q, every_k = slice(0, sq), slice(0, sk)
-    return {"diagonal": [(every_q, every_k, True)],  # step 0 of a causal ring, both layouts
-            "full": [(every_q, every_k, False)],
-            "skip": [],  # contiguous, block after ours: invisible
-            "lower": [(every_q, slice(0, sk // 2), False)],  # zig-zag, j < i: our two chunks see its first
-            "upper": [(slice(sq // 2, sq), every_k, False)],  # zig-zag, j > i: our second chunk sees both
-            }[kind]
+    calls = {"diagonal": [(every_q, every_k, True)],  # step 0 of a causal ring, both layouts
+             "full": [(every_q, every_k, False)],
+             "skip": [],  # contiguous, block after ours: invisible
+             "lower": [(every_q, slice(0, sk // 2), False)],  # zig-zag, j < i: our two chunks see its first
+             "upper": [(slice(sq // 2, sq), every_k, False)],  # zig-zag, j > i: our second chunk sees both
+             }[kind]
+    return [_Piece(qs, ks, dataclasses.replace(cfg.opts, band=Band.of(causal, (-1, -1), qs.stop - qs.start,
+                                                                          ks.stop - ks.start)))
+            for qs, ks, causal in calls]
 
 
-def _by_step(cfg: _Ring, s, fn, *operands):
-    """fn(kind, *operands) for the kind of step s (a Python int or traced): the block in hand is
-    device j = (i - s) mod n's."""
+def _by_step(cfg: _Ring, s, one, kv, state, sq: int, sk: int):
+    """state after one(piece, kv, state) for each piece of step s (a Python int or traced): the block in
+    hand is device j = (i - s) mod n's."""
+    if cfg.positional:
+        return _placed(cfg, s, one, kv, state, sq, sk)
+
+    def run(kind, kv, state):
+        for piece in _pieces(cfg, kind, sq, sk):
+            state = one(piece, kv, state)
+        return state
+
     if isinstance(s, int) and s == 0:
-        return fn("diagonal" if cfg.causal else "full", *operands)
+        return run("diagonal" if cfg.causal else "full", kv, state)
     if not cfg.causal:
-        return fn("full", *operands)
+        return run("full", kv, state)
     i = jax.lax.axis_index(cfg.axis_name)
     j = (i - s) % cfg.size
     before, after = ("lower", "upper") if cfg.layout == "zigzag" else ("full", "skip")
-    return jax.lax.cond(j < i, functools.partial(fn, before), functools.partial(fn, after), *operands)
+    return jax.lax.cond(j < i, functools.partial(run, before), functools.partial(run, after), kv, state)
+
+
+def _runs(cfg: _Ring, d, length: int):
+    """[(local slice, global start)] of the runs of consecutive positions device d (traced) holds."""
+    if cfg.layout == "zigzag":
+        h = length // 2
+        return [(slice(0, h), d * h), (slice(h, length), (2 * cfg.size - 1 - d) * h)]
+    return [(slice(0, length), d * length)]
+
+
+def _placed(cfg: _Ring, s, one, kv, state, sq: int, sk: int):
+    """_by_step with positions: one call per pair of runs (our queries', the block's keys') with their
+    global positions, skipped (lax.cond) where the band reaches no pair, as causal skips later blocks."""
+    n, band = cfg.size, cfg.opts.band
+    i = jax.lax.axis_index(cfg.axis_name)
+    j = (i - s) % n
+    lo, hi = band.offsets(n * sq, n * sk)  # global: query p sees key p' iff p + lo <= p' <= p + hi
+    for qs, q0 in _runs(cfg, i, sq):
+        for ks, k0 in _runs(cfg, j, sk):
+            piece = _Piece(qs, ks, cfg.opts, jnp.stack([q0, k0, jnp.asarray(n * (sk - sq))]).astype(jnp.int32))
+            if not band.banded:
+                state = one(piece, kv, state)
+                continue
+            # rows [q0, q0 + a) see keys [q0 + lo, q0 + a - 1 + hi] together (hi >= lo: one interval)
+            a, c = qs.stop - qs.start, ks.stop - ks.start
+            reached = (q0 + lo <= k0 + c - 1) & (q0 + a - 1 + hi >= k0)
+            state = jax.lax.cond(reached, functools.partial(one, piece), lambda kv, state: state, kv, state)
+    return state
 
 
 def _circulate(cfg: _Ring, fixed, moving, local, step):
@@ -215,14 +285,13 @@ def _circulate(cfg: _Ring, fixed, moving, local, step):
     return send(moving), local
 
 
-def _sub(extras: Operands, qs: slice, ks: slice) -> Operands:
-    if extras.q_segment_ids is None:
-        return extras
-    return Operands(q_segment_ids=extras.q_segment_ids[:, qs], kv_segment_ids=extras.kv_segment_ids[:, ks])
-
-
-def _options(cfg: _Ring, causal: bool, sq: int, sk: int) -> _dispatch.Options:
-    return dataclasses.replace(cfg.opts, band=Band.of(causal, (-1, -1), sq, sk))
+def _sub(extras: Operands, kv_ids, piece: _Piece, batch: int) -> Operands:
+    """The operands of one call: segment ids (the block's kv ids) sliced to it, its positions."""
+    ids = {}
+    if extras.q_segment_ids is not None:
+        ids = dict(q_segment_ids=extras.q_segment_ids[:, piece.qs], kv_segment_ids=kv_ids[:, piece.ks])
+    positions = None if piece.positions is None else jnp.broadcast_to(piece.positions, (batch, 3))
+    return dataclasses.replace(extras, positions=positions, **ids)
 
 
 def _merge(out_a, lse_a, out_b, lse_b):
@@ -243,60 +312,19 @@ def _forward(cfg: _Ring, q, k, v, extras: Operands):
     rows = jnp.transpose(jnp.full_like(q[..., 0], -jnp.inf, dtype=jnp.float32), (0, 2, 1))  # (b, h, sq)
     acc = (_spmd.match_varying(jnp.zeros_like(q, dtype=jnp.float32), q, k, v), _spmd.match_varying(rows, q, k, v))
 
-    def attend(kind, kv, acc):
+    def attend(piece, kv, acc):
         k, v, kv_ids = kv
         out_acc, lse_acc = acc
-        blocks = dataclasses.replace(extras, kv_segment_ids=kv_ids)
-        for qs, ks, causal in _pieces(kind, sq, sk):
-            o, l = _dispatch.attention(q[:, qs], k[:, ks], v[:, ks], _sub(blocks, qs, ks),
-                                       _options(cfg, causal, qs.stop - qs.start, ks.stop - ks.start))
-            o, l = _merge(out_acc[:, qs], lse_acc[:, :, qs], o, l)
-            out_acc, lse_acc = out_acc.at[:, qs].set(o), lse_acc.at[:, :, qs].set(l)
-        return out_acc, lse_acc
+        qs, ks = piece.qs, piece.ks
+        o, l = _dispatch.attention(q[:, qs], k[:, ks], v[:, ks], _sub(extras, kv_ids, piece, q.shape[0]), piece.opts)
+        o, l = _merge(out_acc[:, qs], lse_acc[:, :, qs], o, l)
+        return out_acc.at[:, qs].set(o), lse_acc.at[:, :, qs].set(l)
 
     def step(s, kv, _, acc):
-        return (), _by_step(cfg, s, attend, kv, acc)
+        return (), _by_step(cfg, s, attend, kv, acc, sq, sk)
 
     _, (out, lse) = _circulate(cfg, (k, v, extras.kv_segment_ids), (), acc, step)
     return out.astype(q.dtype), lse
-
-
-def _xla_backward(q, k, v, extras: Operands, out, lse, dout, dlse, opts: _dispatch.Options):
-    """(dq, dk, dv) float32 of one step in pure JAX, as the kernels compute it: P from the global lse,
-    dS = P * (dP - delta), delta = rowsum(dO * O) - dlse. GQA without copying K/V: query heads are
-    grouped (b, s, h_kv, g, d)."""
-    b, sq, h, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    qg, dog = q.reshape(b, sq, hk, h // hk, d), dout.reshape(b, sq, hk, h // hk, d)
-    s = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32, precision=_HIGHEST)
-    s = s * opts.softmax_scale
-    if opts.softcap > 0:
-        t = jnp.tanh(s / opts.softcap)
-        s = opts.softcap * t
-    seen = opts.band.visible(sq, sk)
-    if extras.q_segment_ids is not None:
-        seen = seen & (extras.q_segment_ids[:, None, None, :, None] == extras.kv_segment_ids[:, None, None, None, :])
-    lse_g = lse.reshape(b, hk, h // hk, sq)[..., None]
-    p = jnp.where(seen & jnp.isfinite(lse_g), jnp.exp(s - jnp.where(jnp.isfinite(lse_g), lse_g, 0.0)), 0.0)
-    dv = jnp.einsum("bhgqk,bqhgd->bkhd", p.astype(q.dtype), dog, preferred_element_type=jnp.float32,
-                    precision=_HIGHEST)
-    dp = jnp.einsum("bqhgd,bkhd->bhgqk", dog, v, preferred_element_type=jnp.float32, precision=_HIGHEST)
-    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)  # (b, s, h)
-    delta = jnp.transpose(delta, (0, 2, 1)).reshape(b, hk, h // hk, sq) - dlse.reshape(b, hk, h // hk, sq)
-    ds = p * (dp - delta[..., None])
-    if opts.softcap > 0:  # d(softcap tanh(x / softcap)) / dx
-        ds = ds * (1.0 - t * t)
-    ds = ds.astype(q.dtype)
-    dq = jnp.einsum("bhgqk,bkhd->bqhgd", ds, k, preferred_element_type=jnp.float32, precision=_HIGHEST)
-    dk = jnp.einsum("bhgqk,bqhgd->bkhd", ds, qg, preferred_element_type=jnp.float32, precision=_HIGHEST)
-    return dq.reshape(q.shape) * opts.softmax_scale, dk * opts.softmax_scale, dv
-
-
-def _step_backward(q, k, v, extras, out, lse, dout, dlse, opts: _dispatch.Options):
-    """One step's (dq, dk, dv) given the global out and lse."""
-    if opts.implementation == "xla":
-        return _xla_backward(q, k, v, extras, out, lse, dout, dlse, opts)
-    return _dispatch.kernel_backward(q, k, v, extras, opts, out, lse, dout, dlse)
 
 
 def _backward(cfg: _Ring, residuals, cotangents):
@@ -309,20 +337,17 @@ def _backward(cfg: _Ring, residuals, cotangents):
     def zeros(x):
         return _spmd.match_varying(jnp.zeros_like(x, dtype=jnp.float32), *like)
 
-    def accumulate(kind, kv, dkv, dq):
+    def accumulate(piece, kv, grads):
         k, v, kv_ids = kv
-        dk, dv = dkv
-        blocks = dataclasses.replace(extras, kv_segment_ids=kv_ids)
-        for qs, ks, causal in _pieces(kind, sq, sk):
-            opts = _options(cfg, causal, qs.stop - qs.start, ks.stop - ks.start)
-            g = _step_backward(q[:, qs], k[:, ks], v[:, ks], _sub(blocks, qs, ks), out[:, qs], lse[:, :, qs],
-                               dout[:, qs], dlse[:, :, qs], opts)
-            g = [_spmd.match_varying(x.astype(jnp.float32), *like) for x in g]
-            dq, dk, dv = dq.at[:, qs].add(g[0]), dk.at[:, ks].add(g[1]), dv.at[:, ks].add(g[2])
-        return (dk, dv), dq
+        (dk, dv), dq = grads
+        qs, ks = piece.qs, piece.ks
+        g = _dispatch.block_backward(q[:, qs], k[:, ks], v[:, ks], _sub(extras, kv_ids, piece, q.shape[0]),
+                                     piece.opts, out[:, qs], lse[:, :, qs], dout[:, qs], dlse[:, :, qs])
+        g = [_spmd.match_varying(x.astype(jnp.float32), *like) for x in g]
+        return (dk.at[:, ks].add(g[1]), dv.at[:, ks].add(g[2])), dq.at[:, qs].add(g[0])
 
     def step(s, kv, dkv, dq):
-        return _by_step(cfg, s, accumulate, kv, dkv, dq)
+        return _by_step(cfg, s, accumulate, kv, (dkv, dq), sq, sk)
 
     (dk, dv), dq = _circulate(cfg, (k, v, extras.kv_segment_ids), (zeros(k), zeros(v)), zeros(q), step)
     ids = jax.tree.map(lambda x: _spmd.match_varying(_dispatch._zero_cotangent(x), x), extras)

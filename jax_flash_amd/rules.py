@@ -51,11 +51,15 @@ class Band:
         return (diag - self.left if self.left >= 0 else -UNBOUNDED,
                 diag + self.right if self.right >= 0 else UNBOUNDED)
 
-    def visible(self, seq_q: int, seq_k: int) -> jax.Array:
-        """(seq_q, seq_k) bool: query i sees key j (the O(N^2) mask of the pure-JAX reference)."""
+    def visible(self, seq_q: int, seq_k: int, shift=None) -> jax.Array:
+        """(seq_q, seq_k) bool: query i sees key j (the O(N^2) mask of the pure-JAX reference). shift
+        (batch,) int: the band moved by that many keys per batch row (a block of a larger call,
+        kernels/masking.py `place`): (batch, 1, seq_q, seq_k)."""
         lo_off, hi_off = self.offsets(seq_q, seq_k)
         i = jnp.arange(seq_q)[:, None]
         j = jnp.arange(seq_k)[None, :]
+        if shift is not None:
+            i = i + shift[:, None, None, None]
         return (j >= i + lo_off) & (j <= i + hi_off)
 
 

@@ -16,7 +16,8 @@ import triton
 import triton.language as tl
 
 from .dropout import keep, load_seed
-from .masking import head_start, key_blocks, load_ids, load_tile, query_blocks, span_block, span_blocks, store_tile
+from .masking import (head_start, key_blocks, load_ids, load_tile, place, query_blocks, span_block, span_blocks,
+                      store_tile)
 from .scores import scores
 
 
@@ -29,15 +30,15 @@ def _lse2(Lse, row0, offs_m, seq_q):
 
 @triton.jit
 def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, hi, lo2, hi2, start_n, offs_n, seq_q,
-                seq_k, lo_off, hi_off, sm_scale, softcap, QSeg, k_ids, keep_scale, H: tl.constexpr,
-                GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
-                ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, DK: tl.constexpr,
-                DV: tl.constexpr):
+                seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, QSeg, k_ids, keep_scale,
+                H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
+                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
+                POSITIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
     """Query blocks of [lo, hi) then [lo2, hi2), of each of the GROUP query heads that read key/value
     head h_kv: one flat loop (an outer loop over the heads costs registers, which spill at D 128), the
     heads innermost (the GROUP heads' tiles of one query block are read together). DK, DV: which of
-    dk, dv to accumulate (the other is returned as it came)."""
+    dk, dv to accumulate (the other is returned as it came). diag, pos_q, pos_k: masking.place."""
     offs_d = tl.arange(0, BLOCK_D)
     STRIDE: tl.constexpr = H * HEAD_DIM
     n = span_blocks(lo, hi, lo2, hi2, BLOCK_M)
@@ -61,11 +62,12 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
         q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS and MASKED)
         s_t, scale2, dlogit_t = scores(tl.dot(k, tl.trans(q), input_precision="ieee"), offs_m[None, :],
                                        offs_n[:, None], q_ids[None, :], k_ids[:, None], seq_q, seq_k, lo_off, hi_off,
-                                       sm_scale, softcap, slope, MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS,
-                                       SOFTCAP=SOFTCAP, ALIBI=ALIBI)  # [BN, BM]
+                                       diag, sm_scale, softcap, slope, MASKED=MASKED, BANDED=BANDED,
+                                       SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP, ALIBI=ALIBI)  # [BN, BM]
         p_t = tl.math.exp2(s_t * scale2 - lse2[None, :])
         if DROP_THRESHOLD > 0:
-            kept_t = keep(seed, start_m, start_n, DROP_THRESHOLD, BLOCK_M, BLOCK_N, True)  # [BN, BM]
+            kept_t = keep(seed, start_m + pos_q, start_n + pos_k, DROP_THRESHOLD, BLOCK_M, BLOCK_N, True,
+                          ANY_START=POSITIONS)  # [BN, BM]
         if DV:
             if DROP_THRESHOLD > 0:
                 dv = tl.dot(tl.where(kept_t, p_t * keep_scale, 0.0).to(do.dtype), do, dv, input_precision="ieee")
@@ -84,11 +86,11 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
 
 
 @triton.jit
-def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap, keep_scale,
-                  seq_q, seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
-                  SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
-                  DK: tl.constexpr, DV: tl.constexpr):
+def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
+                  keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
+                  DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
     """dK (DK) and / or dV (DV) of one key block."""
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)  # batch * KV_H
@@ -107,20 +109,21 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, De
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
 
+    lo_off, hi_off, diag, pos_q, pos_k = place(Positions, b, seq_q, seq_k, lo_off, hi_off, POSITIONS)
     begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, QueryRanges, b, BLOCK_M,
                                                     BLOCK_N, BANDED, SEGMENTS)
     k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS)
     # query blocks that see every key of this block, unmasked; then those at the band's edges, masked
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, full_begin, full_end, full_end,
-                         full_end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, QSeg, k_ids,
-                         keep_scale, MASKED=False, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                         SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, DK=DK, DV=DV)
+                         full_end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale,
+                         softcap, QSeg, k_ids, keep_scale, MASKED=False, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM,
+                         BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                         SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, DK=DK, DV=DV)
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, begin, full_begin, full_end, end,
-                         start_n, offs_n, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, QSeg, k_ids,
-                         keep_scale, MASKED=True, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                         start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
+                         QSeg, k_ids, keep_scale, MASKED=True, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                          BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                         SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, DK=DK, DV=DV)
+                         SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, DK=DK, DV=DV)
     if DK:
         store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
     if DV:
@@ -128,39 +131,42 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, De
 
 
 @triton.jit
-def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap, keep_scale,
-                  seq_q, seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
-                  SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
-                  SPLIT: tl.constexpr):
+def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
+                  keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
+                  DROP_THRESHOLD: tl.constexpr, SPLIT: tl.constexpr, POSITIONS: tl.constexpr):
     """Arguments as attn_fwd's; QueryRanges (batch, key blocks, 2): the queries that can share a segment
     id with each key block. One program per (key block, batch * KV_H[, dV or dK where SPLIT])."""
     # DK / DV must be compile-time constants (each program holds only the accumulators it needs), hence
     # one call per case
     if not SPLIT:
-        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap, keep_scale,
-                      seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=True, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM,
-                      BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                      SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD)
+        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
+                      keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=True, H=H, KV_H=KV_H,
+                      HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                      SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
+                      POSITIONS=POSITIONS)
     elif tl.program_id(2) == 0:
-        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap, keep_scale,
-                      seq_q, seq_k, lo_off, hi_off, dK, dV, DK=False, DV=True, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM,
-                      BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                      SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD)
+        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
+                      keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=False, DV=True, H=H, KV_H=KV_H,
+                      HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                      SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
+                      POSITIONS=POSITIONS)
     else:
-        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, dOut, Lse, Delta, sm_scale, softcap, keep_scale,
-                      seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=False, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM,
-                      BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                      SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD)
+        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
+                      keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=False, H=H, KV_H=KV_H,
+                      HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                      SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
+                      POSITIONS=POSITIONS)
 
 
 @triton.jit
 def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, start_m, seq_q, seq_k, lo_off, hi_off,
-              sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale, STRIDE_KV: tl.constexpr,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-              SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr):
-    """Key blocks of [lo, hi) then [lo2, hi2)."""
+              diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
+              STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
+              ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr):
+    """Key blocks of [lo, hi) then [lo2, hi2); diag, pos_q, pos_k: masking.place."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
@@ -170,13 +176,15 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, start_m,
         v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
         k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS and MASKED)
         s, scale2, dlogit = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), offs_m[:, None], offs_n[None, :],
-                                   q_ids[:, None], k_ids[None, :], seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
-                                   slope, MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP,
+                                   q_ids[:, None], k_ids[None, :], seq_q, seq_k, lo_off, hi_off, diag, sm_scale,
+                                   softcap, slope, MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP,
                                    ALIBI=ALIBI)  # [BM, BN]
         p = tl.math.exp2(s * scale2 - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # [BM, BN]
         if DROP_THRESHOLD > 0:
-            dp = tl.where(keep(seed, start_m, start_n, DROP_THRESHOLD, BLOCK_M, BLOCK_N), dp * keep_scale, 0.0)
+            kept = keep(seed, start_m + pos_q, start_n + pos_k, DROP_THRESHOLD, BLOCK_M, BLOCK_N,
+                        ANY_START=POSITIONS)
+            dp = tl.where(kept, dp * keep_scale, 0.0)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
             ds = ds * dlogit  # through softcap's tanh
@@ -185,11 +193,11 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, start_m,
 
 
 @triton.jit
-def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Out, dOut, dLse, Lse, sm_scale, softcap,
+def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, dOut, dLse, Lse, sm_scale, softcap,
                 keep_scale, seq_q, seq_k, lo_off, hi_off, dQ, Delta, H: tl.constexpr, KV_H: tl.constexpr,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
-                DROP_THRESHOLD: tl.constexpr):
+                DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr):
     """Arguments as attn_fwd's. Also writes Delta (delta above) for the dK/dV kernel, which runs after:
     the dQ program holds dO anyway, so this saves a pass over O and dO."""
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
@@ -215,6 +223,7 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Out, dOut, dLse, 
     lse2 = _lse2(Lse, row0, offs_m, seq_q)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
+    lo_off, hi_off, diag, pos_q, pos_k = place(Positions, b, seq_q, seq_k, lo_off, hi_off, POSITIONS)
     start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, KeyRanges, b, BLOCK_M,
                                                   BLOCK_N, BANDED, SEGMENTS)
     q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
@@ -222,13 +231,15 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Out, dOut, dLse, 
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     # key blocks every row sees, unmasked; then those at the band's edges, masked
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, full_start, full_end, full_end, full_end,
-                   start_m, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
+                   start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg,
+                   b, seed, keep_scale,
                    MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                   DROP_THRESHOLD=DROP_THRESHOLD)
+                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS)
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, start, full_start, full_end, end,
-                   start_m, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
+                   start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg,
+                   b, seed, keep_scale,
                    MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                   DROP_THRESHOLD=DROP_THRESHOLD)
+                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS)
     store_tile(dQ + q_base, dq * sm_scale, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, BLOCK_D != HEAD_DIM)

@@ -19,21 +19,34 @@ queries streamed), "dq" (BLOCK_M queries held, BLOCK_N keys streamed; also delta
 _KEYS_LAST = [dict(max_block_d=512, BLOCK_N=64, num_warps=4, num_stages=1)]  # the fp8 forward's V^T
 
 
-def _hip():
+def _hip(arch):
     # AMD practice (ROCm's Triton FA): no software pipelining (num_stages=1), occupancy asked for
     # with waves_per_eu, 16x16 MFMA in the backward. Checked with `python -m jax_flash_amd.amd_report
-    # --check` (no spills, forward at 2 waves/SIMD): ROCm's usual 128 x 64 x 4 warps forward spills
-    # ~100 bytes/lane in this kernel at D 128 (triton 3.9), 8 warps do not.
+    # --check`: no spills, no duplicated MFMA or exp work, forward at 2 waves/SIMD up to D 128.
+    # Forward tiles keep 32 query rows per warp: the two dots chain (S -> P -> PV), so Triton lays all
+    # warps along the rows, and 32x32 MFMAs on fewer than 32 rows per warp repeat work: 128 x 64 with 8 warps
+    # (the earlier D 128 row) computed QK^T and the softmax twice (384 MFMAs and 264 v_exp per tile, ideal
+    # 256 / 136) and passed P through LDS; 64 x 64 with 4 warps (D 256) the same. 16x16 MFMAs with 8 warps
+    # (matrix_instr_nonkdim=16) remove the repetition, but each of the 8 warps then reads the whole K and V
+    # tiles from LDS: 288 KB per 128 x 64 tile against 160 KB with 4 warps. gfx942, D 128, triton 3.9:
+    # 128 x 64 x 4 warps spills 136-144 bytes, 128 x 32 x 4 warps none (214-217 VGPRs, 2 waves/SIMD, 292
+    # instructions per wave per 32 keys). gfx950's MFMAs take twice the K (half the instructions):
+    # 128 x 64 x 4 warps fits there (235-242 VGPRs, 311 instructions per 64 keys against 2 x 191). D 256:
+    # 128 x 64 x 4 warps (443-445 VGPRs, 1 wave/SIMD as before, 64 KiB LDS); gfx90a spills 120 bytes with it,
+    # 128 x 32 does not.
+    keys = 64 if arch == "gfx950" else 32  # per key block of the D 128 forward
     fwd = [
         dict(max_block_d=64, BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2),
-        dict(max_block_d=128, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=1, waves_per_eu=2),
-        dict(max_block_d=256, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=1),
+        dict(max_block_d=128, BLOCK_M=128, BLOCK_N=keys, num_warps=4, num_stages=1, waves_per_eu=2),
+        dict(max_block_d=256, BLOCK_M=128, BLOCK_N=32 if arch == "gfx90a" else 64, num_warps=4, num_stages=1,
+             waves_per_eu=1),
         dict(max_block_d=512, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=1),
     ]
-    return {
+    rows = {
         "fwd": fwd,
-        # the Philox draw's registers: 128 x 64 spills 8 bytes on gfx942 at D 128, 128 x 32 none (185 VGPRs)
-        "fwd+dropout": _with(fwd, 128, BLOCK_N=32),
+        # the Philox draw's registers: 32 keys at D 128 (gfx950 with 64: 251 VGPRs, at the edge); at D 256
+        # 128 x 64 spills 20 bytes on gfx942 (gfx950: 386 VGPRs, no spills)
+        "fwd+dropout": _with(_with(fwd, 128, BLOCK_N=32), 256, BLOCK_N=64 if arch == "gfx950" else 32),
         "dkdv": [
             dict(max_block_d=128, BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=1, waves_per_eu=1,
                  matrix_instr_nonkdim=16),
@@ -52,6 +65,11 @@ def _hip():
         ],
         "keys_last": _KEYS_LAST,
     }
+    if arch == "gfx942":
+        # fp8 (e4m3fnuz) at D 128: half the bytes per tile, so 64 keys fit (215-224 VGPRs; 263 instructions
+        # per wave per 64 keys against 2 x 177 with 32)
+        rows["fwd+fp8"] = _with(fwd, 128, BLOCK_N=64)
+    return rows
 
 
 NARROW_WINDOW = 2048  # bands (left + right + 1 keys) up to this wide take the "+window" rows
@@ -94,30 +112,38 @@ _CUDA = {
     ],
 }
 
+_CUDA_TARGET = {
+    **_CUDA,
+    # window (1024, 0), N 16384, D 128 on the H200, swept over CANDIDATES: fwd 0.398 ms vs 0.426,
+    # dK/dV 1.366 vs 1.449, dQ 1.249 vs 1.318 (9 key blocks per query block: the loop is short)
+    "fwd+window": _with(_CUDA["fwd"], 128, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    "dkdv+window": _with(_CUDA["dkdv"], 128, BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
+    "dq+window": _with(_CUDA["dq"], 128, BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
+    # dropout 0.1, N 4096, D 128 on the H200: backward 1.26x / 1.21x the plain one (non-causal) with these
+    # rows alone vs 1.31x with the plain rows; the default dK/dV tile spills 200 bytes with the Philox draw
+    "dkdv+dropout": _with(_CUDA["dkdv"], 128, BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
+    "dq+dropout": _with(_CUDA["dq"], 128, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    # 32 query / 8 key-value heads, N 4096, D 128: dK/dV 8.50 vs 8.93 ms (2 stages) non-causal, 5.04 vs 5.14
+    # causal (MHA: 8.63 / 4.83 either way): each program's loop is GROUP times longer
+    "dkdv+gqa": _with(_CUDA["dkdv"], 128, num_stages=3),
+    # fp8 (e4m3fn) forward, D 128: 0.461 vs 0.490 ms (N 4096 causal), 2.96 vs 3.08 (N 16384 full) for
+    # the bf16 row; 128 x 64 x 4 x 3: 0.470 / 2.86, 128 x 64 x 8 x 3/4 and 64 x 128 x 4 x 4 slower
+    "fwd+fp8": _with(_CUDA["fwd"], 128, BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+    "keys_last": _KEYS_LAST,
+}
+
 TARGETS = {
-    # NVIDIA sm80/sm90 (H100/H200 measured)
-    "cuda": {
-        **_CUDA,
-        # window (1024, 0), N 16384, D 128 on the H200, swept over CANDIDATES: fwd 0.398 ms vs 0.426,
-        # dK/dV 1.366 vs 1.449, dQ 1.249 vs 1.318 (9 key blocks per query block: the loop is short)
-        "fwd+window": _with(_CUDA["fwd"], 128, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-        "dkdv+window": _with(_CUDA["dkdv"], 128, BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
-        "dq+window": _with(_CUDA["dq"], 128, BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
-        # dropout 0.1, N 4096, D 128 on the H200: backward 1.26x / 1.21x the plain one (non-causal) with these
-        # rows alone vs 1.31x with the plain rows; the default dK/dV tile spills 200 bytes with the Philox draw
-        "dkdv+dropout": _with(_CUDA["dkdv"], 128, BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
-        "dq+dropout": _with(_CUDA["dq"], 128, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-        # 32 query / 8 key-value heads, N 4096, D 128: dK/dV 8.50 vs 8.93 ms (2 stages) non-causal, 5.04 vs 5.14
-        # causal (MHA: 8.63 / 4.83 either way): each program's loop is GROUP times longer
-        "dkdv+gqa": _with(_CUDA["dkdv"], 128, num_stages=3),
-        # fp8 (e4m3fn) forward, D 128: 0.461 vs 0.490 ms (N 4096 causal), 2.96 vs 3.08 (N 16384 full) for
-        # the bf16 row; 128 x 64 x 4 x 3: 0.470 / 2.86, 128 x 64 x 8 x 3/4 and 64 x 128 x 4 x 4 slower
-        "fwd+fp8": _with(_CUDA["fwd"], 128, BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
-        "keys_last": _KEYS_LAST,
-    },
-    "gfx90a": _hip(),  # MI200: 64 KiB LDS
-    "gfx942": _hip(),  # MI300: 64 KiB LDS
-    "gfx950": _hip(),  # MI350: 160 KiB LDS (128 x 128 forward tiles spill ~500 bytes/lane at D 128)
+    # NVIDIA sm80 and later (H100/H200 measured)
+    "cuda": _CUDA_TARGET,
+    # Hopper (sm90: H100/H200). Default rows: the CUDA ones (pointer loads). The forward can move Q/K/V
+    # through device-side TMA descriptors (TMA, kernels/fwd.py), offered to the autotuner below and
+    # checked on the H200 by tests/test_sm90.py; its warp-specialised variant (WARP_SPECIALIZE) compiles
+    # (12 warps, launched as such by jax_flash_amd/_kernel_factory.py) but hung on the H200 with Triton
+    # 3.6 (128 x 128 and 128 x 64 tiles, D 128 / 64), so no row uses it.
+    "sm90": _CUDA_TARGET,
+    "gfx90a": _hip("gfx90a"),  # MI200: 64 KiB LDS
+    "gfx942": _hip("gfx942"),  # MI300: 64 KiB LDS
+    "gfx950": _hip("gfx950"),  # MI350: 160 KiB LDS (128 x 128 forward tiles spill ~500 bytes/lane at D 128)
     # Triton's interpreter on CPU (tests): small unequal blocks, so ragged, diagonal and unmasked
     # blocks all occur at test sizes.
     "interpret": {
@@ -159,7 +185,8 @@ def _hip_candidates():
                       waves_per_eu=2)
                 + _rows(128, [(128, 64, 8, 1), (128, 32, 4, 1), (128, 64, 4, 1), (64, 64, 4, 1), (128, 128, 8, 1),
                               (64, 32, 4, 1)], waves_per_eu=2)
-                + _rows(256, [(64, 64, 4, 1), (64, 32, 4, 1), (32, 64, 4, 1), (128, 32, 8, 1)], waves_per_eu=1)
+                + _rows(256, [(128, 64, 4, 1), (128, 32, 4, 1), (64, 64, 4, 1), (64, 32, 4, 1), (128, 32, 8, 1)],
+                        waves_per_eu=1)
                 + _rows(512, [(32, 32, 4, 1), (32, 16, 4, 1)], waves_per_eu=1)),
         "dkdv": (_rows(128, [(32, 128, 4, 1), (16, 128, 4, 1), (32, 64, 4, 1), (64, 64, 4, 1), (64, 128, 8, 1),
                              (16, 64, 4, 1)], **_HIP_BWD)
@@ -172,22 +199,30 @@ def _hip_candidates():
     }
 
 
+_CUDA_CANDIDATES = {
+    "fwd": (_rows(64, [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3),
+                       (64, 128, 4, 3)])
+            + _rows(128, _CUDA_FWD)
+            + _rows(256, [(128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2)])
+            + _rows(512, [(64, 32, 4, 1), (32, 32, 4, 1), (64, 16, 4, 1)])),
+    "dkdv": (_rows(64, _CUDA_DKDV) + _rows(128, _CUDA_DKDV)
+             + _rows(256, [(32, 128, 8, 2), (64, 128, 8, 1), (32, 64, 4, 3)], SPLIT=True, max_itemsize=2)
+             + _rows(256, [(32, 64, 8, 2), (16, 64, 4, 2)])
+             + _rows(512, [(16, 32, 4, 1), (16, 16, 4, 1)])),
+    "dq": (_rows(64, _CUDA_DQ) + _rows(128, _CUDA_DQ)
+           + _rows(256, [(128, 32, 8, 2), (128, 32, 8, 1), (128, 16, 8, 2)], max_itemsize=2)
+           + _rows(256, [(64, 32, 8, 2), (32, 32, 4, 2)])
+           + _rows(512, [(32, 16, 4, 1), (16, 16, 4, 1)])),
+}
+
+_TMA = dict(TMA=True)
+
 CANDIDATES = {
-    "cuda": {
-        "fwd": (_rows(64, [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3),
-                           (64, 128, 4, 3)])
-                + _rows(128, _CUDA_FWD)
-                + _rows(256, [(128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2)])
-                + _rows(512, [(64, 32, 4, 1), (32, 32, 4, 1), (64, 16, 4, 1)])),
-        "dkdv": (_rows(64, _CUDA_DKDV) + _rows(128, _CUDA_DKDV)
-                 + _rows(256, [(32, 128, 8, 2), (64, 128, 8, 1), (32, 64, 4, 3)], SPLIT=True, max_itemsize=2)
-                 + _rows(256, [(32, 64, 8, 2), (16, 64, 4, 2)])
-                 + _rows(512, [(16, 32, 4, 1), (16, 16, 4, 1)])),
-        "dq": (_rows(64, _CUDA_DQ) + _rows(128, _CUDA_DQ)
-               + _rows(256, [(128, 32, 8, 2), (128, 32, 8, 1), (128, 16, 8, 2)], max_itemsize=2)
-               + _rows(256, [(64, 32, 8, 2), (32, 32, 4, 2)])
-               + _rows(512, [(32, 16, 4, 1), (16, 16, 4, 1)])),
-    },
+    "cuda": _CUDA_CANDIDATES,
+    "sm90": {**_CUDA_CANDIDATES,
+             "fwd": (_rows(64, [(128, 128, 8, 2), (128, 64, 4, 3)], **_TMA)
+                     + _rows(128, [(128, 128, 8, 2), (128, 64, 4, 3)], **_TMA)
+                     + _CUDA_CANDIDATES["fwd"])},
     "gfx90a": _hip_candidates(),
     "gfx942": _hip_candidates(),
     "gfx950": _hip_candidates(),
@@ -203,7 +238,8 @@ CANDIDATES = {
 # ----- KV-cache attention (kernels/decode.py, jax_flash_amd/kvcache.py) -----
 # "decode": BLOCK_M is the most packed query rows (query heads of a group x positions) one program holds
 # (a launch takes the smallest power of two >= 16 that holds them all, up to this), BLOCK_N the keys per
-# step (paged caches: at most the largest power of two dividing the page size, at least 16).
+# step (paged caches: at most the largest power of two dividing the page size, at least 16); rows_per_warp,
+# where given, caps num_warps at BLOCK_M // rows_per_warp (kvcache.plan).
 # "decode+paged", where a target has it, for paged caches. "decode_combine": BLOCK_M (position, head) rows
 # merged per program. "kv_append": BLOCK_N new positions.
 # DECODE_SPLITS: the split-KV rule's data (kvcache.num_splits): key splits per (batch, kv head, row
@@ -217,12 +253,17 @@ _DECODE_AUX = {
 
 
 def _hip_decode():
+    # rows_per_warp: a launch takes num_warps = min(num_warps, BLOCK_M // rows_per_warp): each wave its own
+    # 16-row strip of 16x16 MFMAs. More waves than strips compute the same S and exponentials again
+    # (amd_report, gfx942, D 128: 2.5x the MFMA work at BLOCK_M 16 with 4 waves); one wave per 16 rows
+    # with 32 keys per step holds gfx942 at 2 waves/SIMD (64 keys: 256 VGPRs, 1 wave).
+    hip = dict(num_stages=1, rows_per_warp=16, matrix_instr_nonkdim=16)
     return {
         "decode": [
-            dict(max_block_d=64, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2),
-            dict(max_block_d=128, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2),
-            dict(max_block_d=256, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=1),
-            dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=1),
+            dict(max_block_d=64, BLOCK_M=64, BLOCK_N=32, num_warps=4, waves_per_eu=2, **hip),
+            dict(max_block_d=128, BLOCK_M=64, BLOCK_N=32, num_warps=4, waves_per_eu=2, **hip),
+            dict(max_block_d=256, BLOCK_M=32, BLOCK_N=32, num_warps=2, waves_per_eu=1, **hip),
+            dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=1, waves_per_eu=1, **hip),
         ],
         **_DECODE_AUX,
     }
@@ -258,9 +299,10 @@ DECODE = {
 }
 DECODE_SPLITS = {
     "cuda": dict(cus=132, programs_per_cu=2, max_splits=64, min_blocks_per_split=8),
-    "gfx90a": dict(cus=110, programs_per_cu=2, max_splits=64, min_blocks_per_split=8),
-    "gfx942": dict(cus=304, programs_per_cu=2, max_splits=64, min_blocks_per_split=8),
-    "gfx950": dict(cus=256, programs_per_cu=2, max_splits=64, min_blocks_per_split=8),
+    # AMD: a decode program is one wave (rows_per_warp); 8 fill a CU at 2 waves per SIMD
+    "gfx90a": dict(cus=110, programs_per_cu=8, max_splits=64, min_blocks_per_split=8),
+    "gfx942": dict(cus=304, programs_per_cu=8, max_splits=64, min_blocks_per_split=8),
+    "gfx950": dict(cus=256, programs_per_cu=8, max_splits=64, min_blocks_per_split=8),
     "interpret": dict(cus=2, programs_per_cu=2, max_splits=8, min_blocks_per_split=1),
 }
 for _target, _rows_of in DECODE.items():

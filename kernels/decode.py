@@ -57,8 +57,8 @@ def _decode_inner(acc, l_i, m_i, q, KCache, VCache, BlockTable, b, head_off, lo,
         k = load_tile(KCache + off, rows, offs_d, STRIDE, seq_k - start_n, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
         k = k.to(q.dtype)  # a no-op but for float8 caches
         s, scale2, _ = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), pos[:, None], offs_n[None, :], 0, 0,
-                              seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, MASKED=MASKED, BANDED=BANDED,
-                              SEGMENTS=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI)  # [BM, BN]
+                              seq_q, seq_k, lo_off, hi_off, seq_k - seq_q, sm_scale, softcap, slope, MASKED=MASKED,
+                              BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI)  # [BM, BN]
         m_new = tl.maximum(m_i, tl.max(s, 1) * scale2)
         m_use = m_new
         if MASKED:  # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN

@@ -56,12 +56,15 @@ def _digit(n: tl.constexpr, at: tl.constexpr, TRANSPOSED: tl.constexpr):
 
 @triton.jit
 def keep(seed, start_m, start_n, THRESHOLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-         TRANSPOSED: tl.constexpr = False):
+         TRANSPOSED: tl.constexpr = False, ANY_START: tl.constexpr = False):
     """[BLOCK_M, BLOCK_N] bool ([BLOCK_N, BLOCK_M] if TRANSPOSED): which probabilities of queries
     start_m + arange(BLOCK_M) x keys start_n + arange(BLOCK_N) survive (block starts multiples of the
-    block sizes, which are multiples of 16)."""
+    block sizes, which are multiples of 16). ANY_START: start_m a multiple of 16 and start_n of 8 only
+    (a block of a larger call, offset by its global position: masking.py `place`); one Philox call per
+    8 keys then, of which 4 of the 16 bytes are used, as in the transposed tiles."""
     tl.static_assert(BLOCK_M % 16 == 0 and BLOCK_N % 16 == 0, "dropout tiles are whole 16 x 16 blocks")
-    NI: tl.constexpr = 4 if BLOCK_N >= 32 else BLOCK_N // 8  # 8-key digit i within a 32-key group
+    # 8-key digit i within a 32-key group (NI 8-key groups share a call: they must not cross 32 keys)
+    NI: tl.constexpr = 1 if ANY_START else 4 if BLOCK_N >= 32 else BLOCK_N // 8
     a = start_m // 16 + _digit(BLOCK_M // 16, 0, TRANSPOSED)
     m = _digit(2, 1, TRANSPOSED)
     l = _digit(8, 2, TRANSPOSED)

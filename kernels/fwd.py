@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .dropout import keep, load_seed
-from .masking import head_start, key_blocks, load_ids, load_tile, span_block, span_blocks, store_tile
+from .masking import head_start, key_blocks, load_ids, load_tile, place, span_block, span_blocks, store_tile
 from .scores import scores
 
 
@@ -32,53 +32,97 @@ def keys_padded(seq_k):
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, lo2, hi2, start_m, seq_q, seq_k, lo_off, hi_off,
-               sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
-               MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
-               DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr):
-    """Key blocks of [lo, hi) then [lo2, hi2)."""
+def _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_col, start_n, start_m, seq_q, seq_k, lo_off, hi_off,
+               diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+               SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr, TMA: tl.constexpr,
+               POSITIONS: tl.constexpr):
+    """One key block at start_n (its K tile k already loaded): the online-softmax update. diag, pos_q,
+    pos_k: masking.place."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
-        start_n = span_block(i, lo, hi, lo2, BLOCK_N)
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = load_tile(k_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
-        k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS and MASKED)
-        s, scale2, _ = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), offs_m[:, None], offs_n[None, :],
-                              q_ids[:, None], k_ids[None, :], seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
-                              MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP, ALIBI=ALIBI)  # [BM, BN]
-        m_new = tl.maximum(m_i, tl.max(s, 1) * scale2)
-        m_use = m_new
-        if MASKED:  # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s * scale2 - (m_use - P8_LOG2)[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DROP_THRESHOLD > 0:  # after the row sum: dropout acts on normalised probabilities
-            p = tl.where(keep(seed, start_m, start_n, DROP_THRESHOLD, BLOCK_M, BLOCK_N), p, 0.0)
-        if P8_LOG2 > 0:  # v_base: this head's V^T, rows seq_k rounded up to 16 apart
-            stride_vt = keys_padded(seq_k)
-            # bounded by the padded length (zeros past seq_k, where P is 0): a mask constant over 16 keys
-            v = tl.trans(load_tile(v_base, offs_d, offs_n, stride_vt, HEAD_DIM, stride_vt, BLOCK_D != HEAD_DIM, MASKED))
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS and MASKED)
+    s, scale2, _ = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), offs_m[:, None], offs_n[None, :],
+                          q_ids[:, None], k_ids[None, :], seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
+                          slope, MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP,
+                          ALIBI=ALIBI)  # [BM, BN]
+    m_new = tl.maximum(m_i, tl.max(s, 1) * scale2)
+    m_use = m_new
+    if MASKED:  # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s * scale2 - (m_use - P8_LOG2)[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if DROP_THRESHOLD > 0:  # after the row sum: dropout acts on normalised probabilities
+        p = tl.where(keep(seed, start_m + pos_q, start_n + pos_k, DROP_THRESHOLD, BLOCK_M, BLOCK_N,
+                          ANY_START=POSITIONS), p, 0.0)
+    if P8_LOG2 > 0:  # v_base: this head's V^T, rows seq_k rounded up to 16 apart
+        stride_vt = keys_padded(seq_k)
+        # bounded by the padded length (zeros past seq_k, where P is 0): a mask constant over 16 keys
+        v = tl.trans(load_tile(v_base, offs_d, offs_n, stride_vt, HEAD_DIM, stride_vt, BLOCK_D != HEAD_DIM, MASKED))
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    else:
+        if TMA:
+            v = v_desc.load([b, start_n, kv_col]).reshape([BLOCK_N, BLOCK_D])
         else:
             v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
-        m_i = m_new
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col, lo, hi, lo2, hi2, start_m, seq_q,
+               seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
+               STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
+               ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr,
+               TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, POSITIONS: tl.constexpr):
+    """Key blocks of [lo, hi) then [lo2, hi2). TMA (one span, lo2 == hi2): K and V tiles from the
+    descriptors k_desc / v_desc at (b, start_n, kv_col), in a plain strided loop (what Triton's
+    warp-specialisation pass partitions); else pointer loads from k_base / v_base."""
+    offs_d = tl.arange(0, BLOCK_D)
+    if TMA:
+        for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+            k = k_desc.load([b, start_n, kv_col]).reshape([BLOCK_N, BLOCK_D])
+            acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_col, start_n, start_m, seq_q,
+                                       seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids,
+                                       KSeg, b, seed, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED,
+                                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                                       DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, TMA=TMA,
+                                       POSITIONS=POSITIONS)
+    else:
+        for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
+            start_n = span_block(i, lo, hi, lo2, BLOCK_N)
+            k = load_tile(k_base, start_n + tl.arange(0, BLOCK_N), offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED,
+                          BLOCK_D != HEAD_DIM)  # [BN, BD]
+            acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_col, start_n, start_m, seq_q,
+                                       seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids,
+                                       KSeg, b, seed, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED,
+                                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                                       DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, TMA=TMA,
+                                       POSITIONS=POSITIONS)
     return acc, l_i, m_i
 
 
 @triton.jit
-def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, VDescale, sm_scale, softcap,
-             keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse, H: tl.constexpr, KV_H: tl.constexpr,
+def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, VDescale, Positions, sm_scale,
+             softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse, H: tl.constexpr, KV_H: tl.constexpr,
              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
-             DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr):
+             DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr, POSITIONS: tl.constexpr, TMA: tl.constexpr = False,
+             WARP_SPECIALIZE: tl.constexpr = False):
     """lo_off / hi_off / BANDED: the visible band, QSeg / KSeg (batch, seq) int32 and KeyRanges /
-    SEGMENTS: segment ids (masking.py); softcap / SOFTCAP and Slopes (batch, H) fp32 / ALIBI: logit
-    modifiers (scores.py); Seeds (batch, H, 2) uint32, keep_scale, DROP_THRESHOLD: dropout (dropout.py);
-    QDescale, KDescale, VDescale / P8_LOG2: fp8 inputs (above)."""
+    SEGMENTS: segment ids, Positions (batch, 3) int32 / POSITIONS: the call as a block of a larger one
+    (masking.py); softcap / SOFTCAP and Slopes (batch, H) fp32 / ALIBI: logit modifiers (scores.py);
+    Seeds (batch, H, 2) uint32, keep_scale, DROP_THRESHOLD: dropout (dropout.py); QDescale, KDescale,
+    VDescale / P8_LOG2: fp8 inputs (above). TMA (Hopper config rows): Q, K and V move through
+    device-side TMA descriptors where the head is a power of two and the inputs 16-bit;
+    WARP_SPECIALIZE then splits the key loop into producer and consumer warps (compiles, but hung on
+    the H200 with Triton 3.6: no config row sets it, kernels/configs.py)."""
     # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
@@ -99,11 +143,32 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     slope = 0.0
     if ALIBI:
         slope = tl.load(Slopes + bh)
-    q = load_tile(q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
+    # TMA (Hopper): Q, K and V through 3-D descriptors over (batch, seq, heads * head_dim): a block's rows
+    # past the sequence arrive as zeros, never another batch element's rows. All key blocks of the band
+    # run in one masked loop: Triton 3.6's warp-specialisation pass fails to compile a kernel with a
+    # second loop or a pointer-loaded Q (sm90 cross-compiles).
+    USE_TMA: tl.constexpr = TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM)
+    k_desc = k_base
+    v_desc = v_base
+    kv_col = (h // (H // KV_H)) * HEAD_DIM
+    if USE_TMA:
+        n_batch = tl.num_programs(1) // H
+        k_desc = tl.make_tensor_descriptor(K, shape=[n_batch, seq_k, KV_H * HEAD_DIM],
+                                           strides=[seq_k * (KV_H * HEAD_DIM), KV_H * HEAD_DIM, 1],
+                                           block_shape=[1, BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(V, shape=[n_batch, seq_k, KV_H * HEAD_DIM],
+                                           strides=[seq_k * (KV_H * HEAD_DIM), KV_H * HEAD_DIM, 1],
+                                           block_shape=[1, BLOCK_N, BLOCK_D])
+        q_desc = tl.make_tensor_descriptor(Q, shape=[n_batch, seq_q, STRIDE], strides=[seq_q * STRIDE, STRIDE, 1],
+                                           block_shape=[1, BLOCK_M, BLOCK_D])
+        q = q_desc.load([b, start_m, h * HEAD_DIM]).reshape([BLOCK_M, BLOCK_D])
+    else:
+        q = load_tile(q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
+    lo_off, hi_off, diag, pos_q, pos_k = place(Positions, b, seq_q, seq_k, lo_off, hi_off, POSITIONS)
     start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, KeyRanges, b, BLOCK_M,
                                                   BLOCK_N, BANDED, SEGMENTS)
     q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
@@ -113,17 +178,29 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
         sm_scale = sm_scale * tl.load(QDescale + bh_kv) * tl.load(KDescale + bh_kv)
         v_descale = tl.load(VDescale + bh_kv)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
-    # key blocks every row sees, unmasked; then those at the band's edges, masked (one loop, both spans)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, full_start, full_end, full_end, full_end, start_m,
-                               seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
-                               MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
-                               BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
-                               ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, full_start, full_end, end, start_m,
-                               seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
-                               MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
-                               BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
-                               ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2)
+    if USE_TMA:
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col, start, end, end, end,
+                                   start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
+                                   slope, q_ids, KSeg, b, seed, MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
+                                   BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
+                                   ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2,
+                                   TMA=True, WARP_SPECIALIZE=WARP_SPECIALIZE, POSITIONS=POSITIONS)
+    else:
+        # key blocks every row sees, unmasked; then those at the band's edges, masked (one loop, both spans)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col, full_start, full_end,
+                                   full_end, full_end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
+                                   sm_scale, softcap, slope, q_ids, KSeg, b, seed, MASKED=False, STRIDE_KV=STRIDE_KV,
+                                   HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                                   SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
+                                   P8_LOG2=P8_LOG2,
+                                   TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col, start, full_start,
+                                   full_end, end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
+                                   sm_scale, softcap, slope, q_ids, KSeg, b, seed, MASKED=True, STRIDE_KV=STRIDE_KV,
+                                   HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                                   SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
+                                   P8_LOG2=P8_LOG2,
+                                   TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS)
 
     # rows that saw no key: output 0, lse -inf
     empty = l_i == 0.0
@@ -136,8 +213,7 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     # trip through the natural log would cost two float32 roundings at |lse| up to hundreds, which the
     # backward's P = exp2(s - lse2) takes as relative error (issue 25: half of float32 dV's error)
     lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)) - P8_LOG2)
-    store_tile(Out + q_start, out, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM,
-               BLOCK_D != HEAD_DIM)
+    store_tile(Out + q_start, out, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, BLOCK_D != HEAD_DIM)
     tl.store(Lse + bh.to(tl.int64) * seq_q + offs_m, lse, mask=offs_m < seq_q)
 
 

@@ -9,6 +9,10 @@ offsets, lo_off = seq_k - seq_q - left and hi_off = seq_k - seq_q + right (+-UNB
 query i sees key j iff i + lo_off <= j <= i + hi_off, and BANDED (constexpr) says whether there is a
 band at all: without one only the sequence bounds are checked.
 
+A call may be one block of a larger one (ring attention, POSITIONS constexpr): `place` shifts the band
+to the larger call's positions before any of the block ranges below are computed, so they skip the keys
+outside the shifted band too.
+
 Segment ids (packed sequences, SEGMENTS constexpr) further restrict visibility to equal ids. Which key
 blocks can hold a query block's ids (and the reverse) is computed outside the kernels
 (``segment_ranges`` in jax_flash_amd/_launch.py) and narrows the block ranges here; every visited
@@ -38,6 +42,29 @@ def visible(q_idx, k_idx, seq_q, seq_k, lo_off, hi_off, q_seg, k_seg, BANDED: tl
     if SEGMENTS:
         ok = ok & (q_seg == k_seg)
     return ok
+
+
+@triton.jit
+def place(Positions, b, seq_q, seq_k, lo_off, hi_off, POSITIONS: tl.constexpr):
+    """(lo_off, hi_off, diag, pos_q, pos_k): where this call's rows and keys lie. Positions (batch, 3)
+    int32 (pos_q, pos_k, D) says that query i and key j are query pos_q + i and key pos_k + j of a
+    larger call whose seq_k - seq_q is D (ring attention); the band offsets, stated for this call's own
+    diagonal, shift to that call's, diag is the diagonal offset ALiBi measures from (scores.py), and
+    pos_q / pos_k are the origin of the dropout counters (dropout.py). Without POSITIONS: the offsets
+    as given, seq_k - seq_q, 0, 0 (constants: nothing added to the kernel). Offsets stay far from
+    overflow while the shift is below 2**29."""
+    diag = seq_k - seq_q
+    pos_q = 0
+    pos_k = 0
+    if POSITIONS:
+        row = Positions + b.to(tl.int64) * 3
+        pos_q = tl.load(row)
+        pos_k = tl.load(row + 1)
+        shift = pos_q - pos_k + tl.load(row + 2) - diag
+        lo_off = lo_off + shift
+        hi_off = hi_off + shift
+        diag = diag + shift
+    return lo_off, hi_off, diag, pos_q, pos_k
 
 
 @triton.jit

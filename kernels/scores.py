@@ -1,6 +1,7 @@
 """The logits a program computes from a tile of q.k, written once for the forward and both backward
 kernels: scaling, softcap (s = softcap * tanh(scale * q.k / softcap)) and ALiBi (s -= slope *
-|i + seq_k - seq_q - j|), in base 2 for exp2, and the factor the backward applies to dS."""
+|i + diag - j|, diag = seq_k - seq_q; for a block of a larger call, that call's diagonal in the block's
+indices: masking.py `place`), in base 2 for exp2, and the factor the backward applies to dS."""
 import triton
 import triton.language as tl
 
@@ -47,7 +48,7 @@ def logits2(qk, q_idx, k_idx, diag, sm_scale, softcap, slope, SOFTCAP: tl.conste
 
 
 @triton.jit
-def scores(qk, q_idx, k_idx, q_ids, k_ids, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
+def scores(qk, q_idx, k_idx, q_ids, k_ids, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap, slope,
            MASKED: tl.constexpr, BANDED: tl.constexpr, SEGMENTS: tl.constexpr, SOFTCAP: tl.constexpr,
            ALIBI: tl.constexpr):
     """The scores step every kernel takes on a fp32 tile qk = q.k (transposed or not: q_idx / k_idx and
@@ -56,7 +57,7 @@ def scores(qk, q_idx, k_idx, q_ids, k_ids, seq_q, seq_k, lo_off, hi_off, sm_scal
     factor the backward applies to dS (logits2). Without softcap, ALiBi or mask, s is qk itself and
     scale2 the scale: the callers' s * scale2 - m then compiles to one FMA per element."""
     if SOFTCAP or ALIBI:
-        s, dlogit = logits2(qk, q_idx, k_idx, seq_k - seq_q, sm_scale, softcap, slope, SOFTCAP, ALIBI)
+        s, dlogit = logits2(qk, q_idx, k_idx, diag, sm_scale, softcap, slope, SOFTCAP, ALIBI)
         scale2 = 1.0
     else:
         s = qk

@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import jax_flash_amd
 import oracle
 from helpers import assert_close, inputs
-from jax_flash_amd import ring
+from jax_flash_amd import reference, ring
 
 NAMES = ("out", "lse", "dq", "dk", "dv")
 
@@ -133,14 +133,65 @@ def test_xla_cross_attention_unequal_shards():
     _assert_same(got, _unsharded("xla", q, k, v, dout, dlse), TOL)
 
 
-def test_xla_data_by_sequence_mesh():
+def _keyed(kw):
+    """kw with the dropout key and ALiBi slopes the names ask for (same for the ring and unsharded)."""
+    kw = dict(kw)
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = jnp.linspace(0.05, 0.6, H)  # (heads_q,): broadcast over the batch
+    if kw.get("dropout_p"):
+        kw["dropout_rng"] = jax.random.key(17)
+    return kw
+
+
+# window, ALiBi and dropout: every call gets its block's global positions (Operands.positions)
+@pytest.mark.parametrize("causal, layout, window", [(True, "contiguous", (20, 0)), (True, "zigzag", (20, 0)),
+                                                    (False, "contiguous", (12, 30)), (False, "zigzag", (12, 30))],
+                         ids=["causal", "causal-zigzag", "full", "full-zigzag"])
+def test_xla_ring_window(causal, layout, window):
+    """Windows a block or two wide over 8 devices: most steps' calls are skipped, the rest cut."""
+    n, local = 8, 16
+    q, k, v, dout, dlse = inputs((B, n * local, H, D), (B, n * local, HKV, D), jnp.float32, seed=12)
+    kw = dict(causal=causal, window_size=window)
+    got = _vjp(_ring(_mesh(n), layout, implementation="xla", **kw), q, k, v, dout, dlse)
+    _assert_same(got, _unsharded("xla", q, k, v, dout, dlse, **kw), TOL)
+
+
+@pytest.mark.parametrize("kw, layout", [
+    (dict(causal=True, alibi=True), "zigzag"),
+    (dict(alibi=True, window_size=(24, 3), softcap=2.0), "contiguous"),
+    (dict(causal=True, dropout_p=0.25), "contiguous"),
+    (dict(causal=True, dropout_p=0.25, alibi=True, window_size=(40, 0)), "zigzag"),
+], ids=["alibi-causal-zigzag", "alibi-window-softcap", "dropout-causal", "dropout-alibi-window-zigzag"])
+def test_xla_ring_alibi_dropout(kw, layout):
+    """ALiBi on global distances; dropout the unsharded call's mask (so the same outputs and gradients).
+    Dropout needs shards (zig-zag: chunks) of multiples of 16 positions."""
+    n = 4 if layout == "zigzag" else 8
+    local = 32 if "dropout_p" in kw and layout == "zigzag" else 16
+    q, k, v, dout, dlse = inputs((B, n * local, H, D), (B, n * local, HKV, D), jnp.float32, seed=13)
+    kw = _keyed(kw)
+    got = _vjp(_ring(_mesh(n), layout, implementation="xla", **kw), q, k, v, dout, dlse)
+    _assert_same(got, _unsharded("xla", q, k, v, dout, dlse, **kw), TOL)
+
+
+def test_xla_cross_attention_window_alibi_dropout():
+    """seq_q != seq_k: the global diagonal (bottom-right aligned) is not any block's own."""
+    n = 4
+    q, k, v, dout, dlse = inputs((B, n * 16, H, D), (B, n * 32, HKV, D), jnp.float32, seed=14)
+    kw = _keyed(dict(window_size=(40, 8), alibi=True, dropout_p=0.2))
+    got = _vjp(_ring(_mesh(n), implementation="xla", **kw), q, k, v, dout, dlse)
+    _assert_same(got, _unsharded("xla", q, k, v, dout, dlse, **kw), TOL)
+
+
+@pytest.mark.parametrize("extra", [{}, dict(window_size=(20, 0), alibi=True)], ids=["", "window-alibi"])
+def test_xla_data_by_sequence_mesh(extra):
     """2 data x 4 sequence: batch sharded too, the ring runs within each data row."""
     mesh = _mesh(8, (2, 4), ("data", "seq"))
     q, k, v, dout, dlse = inputs((4, 4 * 16, H, D), (4, 4 * 16, HKV, D), jnp.float32, seed=4)
     ids = _segments(4, 4 * 16)
-    f = _ring(mesh, "zigzag", data_axis="data", ids=True, causal=True, implementation="xla")
+    kw = _keyed(dict(causal=True, **extra))
+    f = _ring(mesh, "zigzag", data_axis="data", ids=True, implementation="xla", **kw)
     got = _vjp(f, q, k, v, dout, dlse, *ids)
-    _assert_same(got, _unsharded("xla", q, k, v, dout, dlse, ids, causal=True), TOL)
+    _assert_same(got, _unsharded("xla", q, k, v, dout, dlse, ids, **kw), TOL)
 
 
 def test_xla_sequence_only_shard_map_on_explicit_mesh():
@@ -159,27 +210,45 @@ def test_xla_sequence_only_shard_map_on_explicit_mesh():
     _assert_same(got, _unsharded("xla", q, k, v, dout, dlse, causal=True), TOL)
 
 
-@pytest.mark.parametrize("impl, dtype", [("xla", jnp.float16), ("interpret", jnp.bfloat16)])
-def test_16_bit_against_float64(impl, dtype):
+@pytest.mark.parametrize("impl, dtype, positional", [("xla", jnp.float16, False), ("interpret", jnp.bfloat16, False),
+                                                     ("xla", jnp.bfloat16, True)],
+                         ids=["xla-float16", "interpret-bfloat16", "xla-bfloat16-window-alibi-dropout"])
+def test_16_bit_against_float64(impl, dtype, positional):
     """16-bit inputs under the tests' float64 rule (helpers.assert_close): the ring's error is within
     the bounds of the unsharded call's, though each step's partial output is rounded to the input
     dtype before the float32 merge."""
     n, local, b = 4, 16, (B if impl == "xla" else 1)
+    layout = "contiguous" if positional else "zigzag"  # dropout: shards (zig-zag: chunks) of 16
     q, k, v, dout, dlse = inputs((b, n * local, H, 32), (b, n * local, HKV, 32), dtype, seed=5)
-    got = _vjp(_ring(_mesh(n), "zigzag", causal=True, implementation=impl), q, k, v, dout, dlse)
-    ref = oracle.attention(q, k, v, dout, dlse, causal=True)
-    assert_close(got, ref, _unsharded("xla", q, k, v, dout, dlse, causal=True), dtype)
+    kw, oracle_kw = dict(causal=True), {}
+    if positional:
+        kw = _keyed(dict(causal=True, window_size=(40, 0), alibi=True, dropout_p=0.2))
+        seeds = reference.dropout_seeds(kw["dropout_rng"], b, H)
+        oracle_kw = dict(window=(40, 0), alibi=jnp.broadcast_to(kw["alibi_slopes"], (b, H)), dropout_p=0.2,
+                         keep=reference.dropout_keep(seeds, n * local, n * local, 0.2))
+    got = _vjp(_ring(_mesh(n), layout, implementation=impl, **kw), q, k, v, dout, dlse)
+    ref = oracle.attention(q, k, v, dout, dlse, causal=True, **oracle_kw)
+    assert_close(got, ref, _unsharded("xla", q, k, v, dout, dlse, **kw), dtype)
 
 
-@pytest.mark.parametrize("case", ["causal-zigzag-gqa-softcap-segments", "causal-contiguous", "full"])
+@pytest.mark.parametrize("case", ["causal-zigzag-gqa-softcap-segments", "causal-contiguous", "full",
+                                  "causal-zigzag-gqa-window-alibi-dropout", "full-window"])
 def test_interpreter_ring_matches_unsharded(case):
     """The Triton kernels (interpreter), forward and backward per step with the global out/lse."""
-    n, local = 4, 24  # zig-zag chunks of 12: ragged kernel blocks (interpreter blocks are 16 / 32)
+    # zig-zag chunks of 12: ragged kernel blocks (interpreter blocks are 16 / 32); with dropout chunks of
+    # 16, whose key starts are not multiples of the 32-key dropout tiles of the dK/dV kernel
+    n, local = 4, 32 if "dropout" in case else 24
     causal = case.startswith("causal")
     layout = "zigzag" if "zigzag" in case else "contiguous"
     heads_kv = 1 if "gqa" in case else 2
     q, k, v, dout, dlse = inputs((1, n * local, 2, D), (1, n * local, heads_kv, D), jnp.float32, seed=6)
     extra = dict(softcap=2.0) if "softcap" in case else {}
+    if "window" in case:
+        extra["window_size"] = (14, 0) if causal else (20, 9)
+    if "alibi" in case:
+        extra["alibi_slopes"] = jnp.array([[0.3, 0.1]])  # (batch, heads_q)
+    if "dropout" in case:
+        extra.update(dropout_p=0.3, dropout_rng=jax.random.key(4))
     ids = _segments(1, n * local) if "segments" in case else None
     f = _ring(_mesh(n), layout, ids=bool(ids), causal=causal, implementation="interpret", **extra)
     got = _vjp(f, q, k, v, dout, dlse, *(ids or ()))
@@ -196,20 +265,24 @@ def test_one_device_ring_is_plain_attention(impl):
         np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
 
 
-def _compiled_grad(impl, seq, n=8, layout="zigzag"):
+def _compiled_grad(impl, seq, n=8, layout="zigzag", **kw):
     mesh = _mesh(n)
     spec = P(None, "seq")
     f = jax.shard_map(lambda q, k, v: ring.ring_attention(q, k, v, axis_name="seq", causal=True, layout=layout,
-                                                          implementation=impl),
+                                                          implementation=impl, **kw),
                       mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
     grad = jax.grad(lambda q, k, v, ct: jnp.sum(f(q, k, v) * ct), argnums=(0, 1, 2))
     x = jax.ShapeDtypeStruct((1, seq, 2, D), jnp.float32, sharding=NamedSharding(mesh, spec))
     return jax.jit(grad).lower(x, x, x, x).compile()
 
 
-@pytest.mark.parametrize("impl", ["xla", "interpret"])
-def test_compiled_forward_backward_only_permutes(impl):
-    text = _compiled_grad(impl, 8 * 32).as_text()
+@pytest.mark.parametrize("impl, kw", [("xla", {}), ("interpret", {}),
+                                      ("xla", dict(window_size=(40, 0), alibi_slopes=jnp.ones(2), dropout_p=0.1,
+                                                   dropout_rng=jax.random.key(0)))],
+                         ids=["xla", "interpret", "xla-window-alibi-dropout"])
+def test_compiled_forward_backward_only_permutes(impl, kw):
+    """Positions come from the device index, dropout keys from the key on every device: no gathers."""
+    text = _compiled_grad(impl, 8 * 32, layout="contiguous" if kw else "zigzag", **kw).as_text()
     assert re.search(r"collective-permute", text)
     assert not re.findall(r"all-gather|all-to-all|all-reduce|reduce-scatter", text)
 
@@ -240,14 +313,19 @@ def test_zigzag_layout():
 
 
 @pytest.mark.parametrize("kw, error, match", [
-    (dict(window_size=(4, 0)), NotImplementedError, "window_size"),
-    (dict(alibi_slopes=jnp.ones((2,))), NotImplementedError, "alibi_slopes"),
-    (dict(dropout_p=0.1, dropout_rng=jax.random.key(0)), NotImplementedError, "dropout_p"),
+    (dict(window_size=(-2, 0)), ValueError, "window_size"),
+    (dict(alibi_slopes=jnp.ones((3,))), ValueError, "alibi_slopes"),
+    (dict(dropout_p=0.1), ValueError, "dropout_rng"),
+    (dict(dropout_p=0.1, dropout_rng=jax.random.key(0), _local=(24, 24)), ValueError, "dropout_p.*multiple of 16"),
+    (dict(dropout_p=0.1, dropout_rng=jax.random.key(0), layout="zigzag", _local=(16, 16)), ValueError,
+     "dropout_p.*zig-zag chunk"),
+    (dict(window_size=(4, 0), layout="zigzag", _local=(7, 7)), ValueError, "even"),
     (dict(layout="striped"), ValueError, "layout"),
     (dict(causal=True, layout="zigzag", axis_name="seq", _local=(7, 7)), ValueError, "even"),
     (dict(causal=True, _local=(8, 12)), ValueError, "equal"),
     (dict(axis_name="nope"), NameError, "nope"),
-], ids=["window", "alibi", "dropout", "layout", "zigzag-odd-shard", "causal-unequal-shards", "unbound-axis"])
+], ids=["window", "alibi", "dropout-no-key", "dropout-shard-of-24", "dropout-zigzag-chunk-of-8", "window-zigzag-odd",
+        "layout", "zigzag-odd-shard", "causal-unequal-shards", "unbound-axis"])
 def test_errors(kw, error, match):
     kw = dict(kw)
     sq, sk = kw.pop("_local", (8, 8))
@@ -265,11 +343,15 @@ def test_exported():
     assert jax_flash_amd.zigzag is ring.zigzag and jax_flash_amd.unzigzag is ring.unzigzag
 
 
-@pytest.mark.parametrize("layout, launches", [("contiguous", 4 + 6), ("zigzag", 4 + 12)])
-def test_causal_blocks_after_ours_are_skipped(monkeypatch, layout, launches):
+@pytest.mark.parametrize("layout, window, launches", [("contiguous", (-1, -1), 4 + 6), ("zigzag", (-1, -1), 4 + 12),
+                                                     ("contiguous", (8, 0), 4 + 3), ("zigzag", (8, 0), 8 + 7)],
+                         ids=["contiguous", "zigzag", "window-contiguous", "window-zigzag"])
+def test_causal_blocks_after_ours_are_skipped(monkeypatch, layout, window, launches):
     """Forward kernel launches of a causal ring over 4 devices, counted in the interpreter: contiguous,
     each device computes its diagonal and only the blocks before it (4 + 3+2+1+0, not 16); zig-zag, every
-    device launches once per step (4 + 4 * 3), each off-diagonal launch on half the pairs."""
+    device launches once per step (4 + 4 * 3), each off-diagonal launch on half the pairs. A window of
+    8 keys back (half a block; one zig-zag chunk) reaches only the block before: contiguous, the 4
+    diagonals and 3 blocks before them; zig-zag, one call per pair of chunks (a, a) and (a, a - 1)."""
     from jax_flash_amd import _interpret
     seen = []
     call = _interpret._call_on_host
@@ -282,7 +364,7 @@ def test_causal_blocks_after_ours_are_skipped(monkeypatch, layout, launches):
     q = jnp.ones((1, 4 * 16, 2, D))
     spec = P(None, "seq")
     f = jax.jit(jax.shard_map(lambda q: ring.ring_attention(q, q, q, axis_name="seq", causal=True, layout=layout,
-                                                            implementation="interpret"),
+                                                            window_size=window, implementation="interpret"),
                               mesh=_mesh(4), in_specs=spec, out_specs=spec))
     jax.block_until_ready(f(q))
     assert seen.count("attn_fwd") == launches, seen

@@ -39,14 +39,15 @@ def _inputs(dtype=jnp.float32, group=1):
     seeds = reference.dropout_seeds(ks[4], B, H)
     q_ids, kv_ids = jnp.arange(S)[None, :] * 3 // S, jnp.arange(T)[None, :] * 3 // T  # three packed segments
     descales = (jnp.ones((B, H // group), jnp.float32),) * 3  # fp8 only: unused by 16/32-bit calls
-    variant = (slopes, seeds, jnp.broadcast_to(q_ids, (B, S)), jnp.broadcast_to(kv_ids, (B, T)), *descales)
+    positions = jnp.stack([jnp.arange(B) * 16, jnp.full((B,), 32), jnp.full((B,), 8)], -1).astype(jnp.int32)
+    variant = (slopes, seeds, jnp.broadcast_to(q_ids, (B, S)), jnp.broadcast_to(kv_ids, (B, T)), *descales, positions)
     return q, k, v, dout, dlse, variant
 
 
 def _variant_shardings(mesh, spec):
-    """Shardings of (slopes, seeds, q ids, kv ids, q/k/v descales) that follow q's batch and heads."""
+    """Shardings of (slopes, seeds, q ids, kv ids, q/k/v descales, positions) that follow q's batch and heads."""
     return [NamedSharding(mesh, p) for p in (P(spec[0], spec[2]), P(spec[0], spec[2], None), P(spec[0], None),
-                                             P(spec[0], None)) + (P(spec[0], spec[2]),) * 3]
+                                             P(spec[0], None)) + (P(spec[0], spec[2]),) * 3 + (P(spec[0], None),)]
 
 
 PARTITION_CALLS = []
@@ -57,14 +58,14 @@ def _stand_in_kernels(group=1):
     partition rule runs (XLA could shard the pure-JAX bodies by itself: the count shows ours did)."""
     scale = D ** -0.5
 
-    def fwd(q, k, v, slopes, seeds, q_ids, kv_ids, *descales):
-        # every variant operand in use: a shard computes the dropout mask from its own rows' keys
+    def fwd(q, k, v, slopes, seeds, q_ids, kv_ids, q_descale, k_descale, v_descale, positions):
+        # every variant operand in use: a shard computes the dropout mask from its own rows' keys and positions
         return tuple(reference.attention(q, k, v, causal=True, softmax_scale=scale, alibi_slopes=slopes,
                                          dropout_p=0.2, dropout_seeds=seeds, q_segment_ids=q_ids,
-                                         kv_segment_ids=kv_ids))
+                                         kv_segment_ids=kv_ids, positions=positions))
 
-    def bwd(q, k, v, slopes, seeds, q_ids, kv_ids, q_descale, k_descale, v_descale, out, lse, dout, dlse):
-        variant = (slopes, seeds, q_ids, kv_ids, q_descale, k_descale, v_descale)
+    def bwd(q, k, v, slopes, seeds, q_ids, kv_ids, q_descale, k_descale, v_descale, positions, out, lse, dout, dlse):
+        variant = (slopes, seeds, q_ids, kv_ids, q_descale, k_descale, v_descale, positions)
         return tuple(jax.vjp(lambda q, k, v: fwd(q, k, v, *variant), q, k, v)[1]((dout, dlse)))
 
     partition = _spmd._partition

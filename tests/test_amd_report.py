@@ -1,10 +1,13 @@
 """The AMD resource check: every kernel cross-compiles for gfx90a/gfx942/gfx950 at its default config
-without spills, within LDS, and the MI300 forward keeps 2 waves per SIMD (no AMD GPU needed).
+without spills, within LDS, without duplicated MFMA or exp work, with buffer loads in its loop, and the
+MI300 forward keeps 2 waves per SIMD (no AMD GPU needed).
 
 The default run checks one arch, head dim and dtype through the report's whole path (subprocess,
 compile workers, table, --check); the full sweep (276 kernels, ~10 min on 2 cores) is marked amd_sweep."""
+import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,13 +50,112 @@ def _check(arch, head_dims, dtypes):
 
 
 def test_check_flags_what_it_should():
-    ok = amd_report.Row("gfx942", "fwd", 128, "bfloat16", False, "", vgprs=200, local_mem=32768, occupancy=2)
+    loop = dict(mfma="f32_32x32x8_bf16", mfma_tile=128, mfma_ideal=128, mfma_ratio=1.0, exp_tile=68, exp_ideal=68,
+                buffer_loads=4)
+    ok = amd_report.Row("gfx942", "fwd", 128, "bfloat16", False, "", vgprs=200, local_mem=32768, occupancy=2, **loop)
     assert ok.problems() == []
-    assert amd_report.Row("gfx90a", "dq", 64, "float16", True, "", spill_bytes=8).problems()
-    assert amd_report.Row("gfx942", "dkdv", 64, "float16", True, "", local_mem=70000, occupancy=1).problems()
-    assert amd_report.Row("gfx942", "fwd", 64, "float16", True, "", occupancy=1).problems()
-    assert not amd_report.Row("gfx942", "fwd", 256, "float16", True, "", occupancy=1).problems()
+    assert amd_report.Row("gfx90a", "dq", 64, "float16", True, "", spill_bytes=8, **loop).problems()
+    assert amd_report.Row("gfx942", "dkdv", 64, "float16", True, "", local_mem=70000, occupancy=1, **loop).problems()
+    assert amd_report.Row("gfx942", "fwd", 64, "float16", True, "", occupancy=1, **loop).problems()
+    assert not amd_report.Row("gfx942", "fwd", 256, "float16", True, "", occupancy=1, **loop).problems()
     assert amd_report.Row("gfx950", "fwd", 64, "float16", True, "", error="boom").problems()
+    # duplicated work (the D 128 forward's 8 warps on 4 row tiles of 32x32 MFMAs), global loads, no loop found
+    dup = dict(loop, mfma_tile=384, mfma_ideal=256, mfma_ratio=1.5)
+    assert "duplicated MFMA" in amd_report.Row("gfx942", "fwd", 128, "bfloat16", False, "", occupancy=2,
+                                               **dup).problems()[0]
+    assert "duplicated exp" in amd_report.Row("gfx950", "fwd", 128, "bfloat16", False, "",
+                                              **dict(loop, exp_tile=136)).problems()[0]
+    assert not amd_report.Row("gfx950", "fwd", 128, "bfloat16", False, "", **dict(loop, exp_tile=71)).problems()
+    assert "global loads" in amd_report.Row("gfx90a", "dq", 64, "float16", True, "",
+                                            **dict(loop, global_loads=2)).problems()[0]
+    assert amd_report.Row("gfx942", "dkdv", 64, "float16", True, "").problems() == ["no MFMA loop found"]
+    assert not amd_report.Row("sm90", "fwd", 128, "bfloat16", False, "").problems()  # no loop stats on sm90
+
+
+# An AMDGCN listing as LLVM prints it: a loop over unmasked blocks, a longer one over masked blocks (two basic
+# blocks, the second "in Loop"), and one without MFMAs
+_LISTING = """attn_fwd:                               ; @attn_fwd
+; %bb.0:
+\ts_load_dwordx2 s[0:1], s[4:5], 0x0
+.LBB0_1:                                ; =>This Inner Loop Header: Depth=1
+\t.loc\t1 48 41                         ; fwd.py:48:41
+\tbuffer_load_dwordx4 v[0:3], v4, s[8:11], 0 offen
+\tds_write_b128 v5, v[0:3]
+\tds_read2st64_b64 v[6:9], v5 offset1:1
+\tds_bpermute_b32 v1, v2, v3
+\tv_mfma_f32_32x32x8_bf16 v[10:25], v[6:7], v[8:9], v[10:25]
+\tv_mfma_f32_32x32x8_bf16 v[10:25], v[6:7], v[8:9], v[10:25]
+\tv_exp_f32_e32 v1, v2                    ; a comment
+\ts_cbranch_scc1 .LBB0_1
+; %bb.2:
+\ts_nop 0
+.LBB0_3:                                ; =>This Inner Loop Header: Depth=1
+\tglobal_load_dwordx2 v[0:1], v[2:3], off
+\tv_mfma_f32_32x32x8_bf16 v[10:25], v[6:7], v[8:9], v[10:25]
+\ts_cbranch_execz .LBB0_5
+; %bb.4:                                ;   in Loop: Header=BB0_3 Depth=1
+\tv_cndmask_b32_e32 v1, v2, v3, vcc
+\tv_mfma_f32_32x32x8_bf16 v[10:25], v[6:7], v[8:9], v[10:25]
+\tv_exp_f32_e32 v1, v2
+\tv_exp_f32_e32 v1, v2
+.LBB0_5:                                ;   in Loop: Header=BB0_3 Depth=1
+\ts_cbranch_scc1 .LBB0_3
+.LBB0_6:                                ; =>This Inner Loop Header: Depth=1
+\tv_add_u32_e32 v1, v2, v3
+\ts_cbranch_scc1 .LBB0_6
+; %bb.7:
+\ts_endpgm
+"""
+
+
+def test_loop_stats_reads_the_unmasked_loop():
+    assert [len(body) for body in amd_report.loops(_LISTING)] == [8, 8, 2]
+    stats = amd_report.loop_stats(_LISTING)
+    assert stats["instrs"] == 8 and stats["exp"] == 1 and len(stats["mfma"]) == 2
+    assert stats["mfma_flops"] == 2 * 2 * 32 * 32 * 8
+    assert (stats["buffer_loads"], stats["global_loads"], stats["load_bytes"]) == (1, 0, 16)
+    assert stats["lds_bytes"] == 16 + 16  # ds_bpermute moves no LDS bytes
+    assert amd_report.loop_stats("k:\n\ts_endpgm\n") == {}
+    # flops per MFMA instruction, by name: gfx90a (block count implied), gfx942, gfx950, fp8
+    for name, flops in (("v_mfma_f32_32x32x8bf16_1k", 16384), ("v_mfma_f32_32x32x4bf16_1k", 16384),
+                        ("v_mfma_f32_16x16x16f16", 8192), ("v_mfma_f32_32x32x4_2b_bf16", 16384),
+                        ("v_mfma_f32_16x16x32_bf16", 16384), ("v_mfma_f32_32x32x16_fp8_fp8", 32768),
+                        ("v_mfma_f32_32x32x64_f8f6f4", 131072), ("v_mfma_scale_f32_16x16x128_f8f6f4", 65536)):
+        assert amd_report._mfma_flops(name) == flops, name
+
+
+_BOUNDARY = """
+import dataclasses, inspect, json, sys
+import jax, jax.numpy as jnp
+from jax_flash_amd import _jax_triton_compat, amd_report
+launch = dict(amd_report.record_launches("gfx942", 64, "bfloat16", False))["fwd"]
+options = _jax_triton_compat.compiler_options(launch.compile_options)
+names = list(inspect.signature(launch.kernel.fn).parameters)
+kv = jax.ShapeDtypeStruct((1, int(sys.argv[1]), 16, 64), jnp.bfloat16)
+args = tuple(kv if name in ("K", "V") else arg for name, arg in zip(names, launch.args))
+gcn = amd_report.compile_launch(dataclasses.replace(launch, args=args), "gfx942", options).asm["amdgcn"]
+print(json.dumps({k: v for k, v in amd_report.loop_stats(gcn).items() if k.endswith("_loads")}))
+"""
+
+
+def test_buffer_loads_where_offsets_fit_32_bits():
+    """The forward's loop loads K and V with buffer loads when they span at most 2 GiB - 1 bytes (Triton's
+    pointer-range attribute, given by _jax_triton_compat.pointer_specialization as in the launch path), with
+    global loads (64-bit addresses, the code that stays correct at any size) from 2 GiB on. Compiled for
+    gfx942 in a subprocess (the tests' process runs Triton's interpreter): two compiles, ~4 s."""
+    from jax_flash_amd import _jax_triton_compat
+
+    row_bytes = 16 * 64 * 2  # K and V (1, seq, 16 heads, 64) bf16
+    limit = _jax_triton_compat.BUFFER_RANGE_BYTES
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    for seq, kind, other in ((limit // row_bytes, "buffer", "global"), (limit // row_bytes + 1, "global", "buffer")):
+        assert (seq * row_bytes <= limit) == (kind == "buffer")
+        proc = subprocess.run([sys.executable, "-c", _BOUNDARY, str(seq)], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        loads = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert loads[f"{kind}_loads"] >= 2 and loads[f"{other}_loads"] == 0, (seq, loads)
 
 
 def test_one_arch_passes_the_check():
@@ -68,6 +170,14 @@ def test_one_arch_passes_the_check():
         assert f"| gfx942 | {kernel}+dropout | 128 | bfloat16 | yes |" in table
     for causal in ("no", "yes"):
         assert f"| gfx942 | fwd | 128 | float8_e4m3fnuz | {causal} |" in table
+    # the loop columns: MFMA and v_exp per tile at the ideal (--check allows 5 % more), buffer loads (the
+    # KV-cache combine and append kernels have no matrix products: no loop columns)
+    for line in (line for line in table.splitlines() if line.startswith("| gfx942 |")):
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if cells[1] in ("decode_combine", "kv_append"):
+            continue
+        mfma, ideal = re.fullmatch(r"(\d+) \((\d+)\)", cells[13]).groups()
+        assert mfma == ideal and "buffer" in cells[15] and "global" not in cells[15], line
 
 
 @pytest.mark.amd_sweep

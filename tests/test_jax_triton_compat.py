@@ -1,7 +1,8 @@
 """The jax-triton compat layer's version logic (no GPU): what reaches Triton, what is refused, when the
 shim applies. The real ROCm lowering with jax-triton 0.4.1 is test_rocm_lowering.py; jax-triton 0.3.1
 runs in the H200 GPU suite."""
-import logging
+import os
+import subprocess
 import sys
 import types
 
@@ -18,9 +19,26 @@ def _versions(monkeypatch, jax_triton, triton=(3, 9, 0), jax=(0, 11, 2)):
     monkeypatch.setattr(compat, "versions", lambda: {"jax-triton": jax_triton, "triton": triton, "jax": jax})
 
 
-def test_compiler_options_by_version():
-    assert compat.compiler_options(HIP_ROW, (0, 3, 1)) == dict(num_warps=8, num_stages=1)
-    assert compat.compiler_options(HIP_ROW, (0, 4, 1)) == HIP_ROW
+def test_every_version_passes_every_option():
+    assert compat.compiler_options(HIP_ROW) == HIP_ROW
+
+
+@pytest.mark.parametrize("jt,own,compiled_warps", [((0, 3, 1), True, True), ((0, 4, 1), False, False),
+                                                   (None, False, True)])
+def test_which_factory(jt, own, compiled_warps):
+    assert compat.uses_own_factory(jt) == own
+    assert compat.launches_compiled_warps(jt) == compiled_warps
+
+
+def test_kernel_factory_tells_jaxlib_warps_scratch_and_pointer_range():
+    """The factory compiles real kernels (CUDA sm90 and gfx942, on the CPU) in a process without the
+    interpreter: tests/kernel_factory_cases.py."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "tests/kernel_factory_cases.py"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("ok ") == 3, run.stdout
 
 
 @pytest.mark.parametrize("jt,tr,jx,match", [
@@ -48,6 +66,7 @@ def _fake_jax_triton(monkeypatch):
         return (np.zeros(1),)
 
     monkeypatch.setitem(sys.modules, "jax_triton", types.SimpleNamespace(triton_call=triton_call))
+    monkeypatch.setattr(compat, "_install", lambda: None)  # nothing of jax-triton's to patch here
     return calls
 
 
@@ -61,18 +80,6 @@ def test_new_jax_triton_gets_backend_options(monkeypatch):
     compat.triton_call(LAUNCH)
     assert calls[0]["backend_options"] == dict(waves_per_eu=2, matrix_instr_nonkdim=16)
     assert calls[0]["num_warps"] == 8 and calls[0]["BLOCK_M"] == 64 and "waves_per_eu" not in calls[0]
-
-
-def test_old_jax_triton_drops_amd_options_and_warns_once(monkeypatch, caplog):
-    _versions(monkeypatch, (0, 3, 1), (3, 6, 0))
-    calls = _fake_jax_triton(monkeypatch)
-    compat._warn_dropped.cache_clear()
-    with caplog.at_level(logging.WARNING, logger=compat.__name__):
-        compat.triton_call(LAUNCH)
-        compat.triton_call(LAUNCH)
-    assert "backend_options" not in calls[0] and "waves_per_eu" not in calls[0] and calls[0]["num_warps"] == 8
-    warnings = [r for r in caplog.records if "cannot pass" in r.getMessage()]
-    assert len(warnings) == 1 and "jax-triton>=0.4.1" in warnings[0].getMessage()
 
 
 @pytest.mark.parametrize("jt,tr,patched", [((0, 4, 1), (3, 9, 0), True), ((0, 4, 1), (3, 6, 0), False),

@@ -74,6 +74,9 @@ def test_every_kernel_lowers_for_every_arch_with_its_options(rocm_python):
             assert r["is_elf"] and r["hsaco_bytes"] > 1000 and r["target_in_amdgcn"], where
             assert r["custom_calls"] >= len(KERNELS), where
             assert r["scratch"] == 0, f"{where}: spills ({r['scratch']} bytes of scratch)"
+            # buffer loads (pointer-range attribute); at most the dropout key's two words stay global (dQ,
+            # once per program, outside the loops)
+            assert r["buffer_loads"] > 0 and r["global_loads"] <= 2, f"{where}: {r['global_loads']} global loads"
             expected = r["expected"]
             assert r["num_warps"] == expected["num_warps"], where
             waves = expected.get("waves_per_eu", 0)

@@ -1,0 +1,134 @@
+"""Checks of _kernel_factory that compile real kernels (Triton compiles on the CPU; no GPU needed), run by
+test_kernel_factory.py in a process without TRITON_INTERPRET (under it @triton.jit gives interpreted
+functions, which do not compile). What is checked is what jaxlib is told: warp count, scratch, attributes.
+
+    python tests/kernel_factory_cases.py      -> "ok" per case, exit status 1 on the first failure
+"""
+import os
+import sys
+import types
+
+assert "TRITON_INTERPRET" not in os.environ, "run without TRITON_INTERPRET (the kernels must compile)"
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.amd.compiler import HIPBackend  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
+
+from jax_flash_amd import _jax_triton_compat as compat, _kernel_factory as kf  # noqa: E402
+
+
+@triton.jit
+def plain(X, n, Y, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + o, tl.load(X + o, mask=o < n) * 2, mask=o < n)
+
+
+@triton.jit
+def tma_ws(A, B, K, C, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Device-side TMA descriptors (global scratch) and a warp-specialised loop (4 warps -> 12)."""
+    a_desc = tl.make_tensor_descriptor(A, shape=[BM, K], strides=[K, 1], block_shape=[BM, BK])
+    b_desc = tl.make_tensor_descriptor(B, shape=[BN, K], strides=[K, 1], block_shape=[BN, BK])
+    acc = tl.zeros([BM, BN], tl.float32)
+    for k in tl.range(0, K, BK, warp_specialize=True):
+        acc = tl.dot(a_desc.load([0, k]), b_desc.load([0, k]).T, acc)
+    c_desc = tl.make_tensor_descriptor(C, shape=[BM, BN], strides=[BN, 1], block_shape=[BM, BN])
+    c_desc.store([0, 0], acc.to(tl.float16))
+
+
+class KernelWithScratch:
+    """Stands in for jaxlib >= 0.11's TritonKernel: its nanobind signature names the scratch."""
+    __doc__ = "__init__(self, ..., global_scratch_size: int | None = None, global_scratch_align: int | None = None)"
+    made = []
+
+    def __init__(self, *args):
+        self.args = args
+        type(self).made.append(args)
+
+
+class KernelWithoutScratch:
+    __doc__ = "__init__(self, kernel_name, num_warps, num_ctas, shared_mem_bytes, module_image, ttir, cc)"
+
+    def __init__(self, *args):
+        self.args = args
+
+
+def fake_jax_triton(kernel_class, capability):
+    """sys.modules entry so _kernel_factory.get_or_create_triton_kernel finds jaxlib's kernel class."""
+    lib = types.SimpleNamespace(TritonKernel=kernel_class, get_compute_capability=lambda device: capability)
+    module = types.ModuleType("jax_triton")
+    module.triton_lib = types.SimpleNamespace(triton_kernel_call_lib=lib)
+    sys.modules["jax_triton"] = module
+
+
+def call(fn, backend, platform, dtypes, scalars, metaparams, num_warps=4, num_stages=2):
+    return kf.get_or_create_triton_kernel(
+        lambda device, cc: backend, platform, fn, dtypes, scalars, num_warps=num_warps, num_stages=num_stages,
+        num_ctas=1, compute_capability=None, enable_fp_fusion=True, metaparams=metaparams, dump=False)
+
+
+def case_cuda_plain_and_warp_specialised():
+    fake_jax_triton(KernelWithScratch, 90)
+    cuda = CUDABackend(GPUTarget("cuda", 90, 32))
+    kernel, attrs = call(plain, cuda, "cuda", ["*fp32", "i32", "*fp32"], [(1, "i32", 1000)], {"BLOCK": 128})
+    name, warps, ctas, shared, ptx, ttir, cc = kernel.args
+    assert (warps, cc) == (4, 90) and ".version" in ptx, kernel.args[:4]  # no scratch arguments
+    assert attrs[(0,)] == [["tt.divisibility", 16]] and attrs[(1,)] == [], attrs
+    kernel, _ = call(tma_ws, cuda, "cuda", ["*fp16", "*fp16", "i32", "*fp16"], [(2, "i32", 256)],
+                     {"BM": 128, "BN": 128, "BK": 64})
+    warps, scratch, align = kernel.args[1], kernel.args[7], kernel.args[8]
+    assert warps == 12, f"jaxlib must launch the compiled 12 warps, was told {warps}"
+    assert scratch > 0 and align >= 64, (scratch, align)
+    fake_jax_triton(KernelWithoutScratch, 90)
+    kf._CACHE.clear()
+    try:
+        call(tma_ws, cuda, "cuda", ["*fp16", "*fp16", "i32", "*fp16"], [(2, "i32", 256)],
+             {"BM": 128, "BN": 128, "BK": 64})
+    except RuntimeError as e:
+        assert "global scratch" in str(e) and "jaxlib >= 0.11" in str(e), e
+    else:
+        raise AssertionError("a kernel needing scratch was made on a jaxlib without it")
+
+
+def case_amd_options_and_pointer_range():
+    fake_jax_triton(KernelWithScratch, 0)
+    hip = HIPBackend(GPUTarget("hip", "gfx942", 64))
+    small, large = compat.BUFFER_RANGE_BYTES, compat.BUFFER_RANGE_BYTES + 1
+    extra = ((("waves_per_eu", 2),), (small, large))  # X fits 32-bit offsets, Y does not
+    kernel, attrs = call(plain, hip, "rocm", ["*fp32", "i32", "*fp32"], [(1, "i32", 1000)],
+                         {"BLOCK": 128, kf.EXTRA: extra})
+    assert ["tt.pointer_range", 32] in attrs[(0,)] and ["tt.pointer_range", 32] not in attrs[(2,)], attrs
+    assert os.path.getsize(kernel.args[4]) > 0  # the hsaco, by path
+    assert "tt.pointer_range = 32" in kernel.args[5], "the attribute reached the TTIR"
+
+
+def case_amd_compat_triton_call_sizes():
+    """compat.triton_call (jax-triton 0.3.x) hands the factory the row's options and every array's size."""
+    import numpy as np
+
+    from jax_flash_amd._launch import Launch
+
+    seen = {}
+
+    def triton_call(*args, **kwargs):
+        seen.update(kwargs)
+        return (np.zeros(1),)
+
+    sys.modules["jax_triton"] = types.SimpleNamespace(triton_call=triton_call)
+    compat.versions.cache_clear()
+    compat.versions = lambda: {"jax-triton": (0, 3, 1), "triton": (3, 6, 0), "jax": (0, 11, 2)}
+    compat._install = lambda: None
+    x = np.zeros((3, 5), np.float32)
+    launch = Launch(kernel=plain, grid=(1,), args=(x, 15), out_shapes=(np.zeros((2,), np.float16),),
+                    constexprs=dict(BLOCK=128), compile_options=dict(num_warps=8, num_stages=1, waves_per_eu=2))
+    compat.triton_call(launch)
+    assert seen[kf.EXTRA] == ((("waves_per_eu", 2),), (60, 4)), seen
+    assert seen["num_warps"] == 8 and seen["BLOCK"] == 128 and "backend_options" not in seen
+
+
+if __name__ == "__main__":
+    for name, case in list(globals().items()):
+        if name.startswith("case_"):
+            case()
+            print("ok", name, flush=True)
