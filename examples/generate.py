@@ -129,8 +129,10 @@ def sampler(LM, args, attention: str, impl: str | None, params, prompt):
     """(generate: () -> tokens (batch, --tokens), seconds of the timed decode)."""
     model = LM(args.layers, args.d_model, args.heads, args.cache_len, attention, True, jnp.dtype(args.dtype), impl)
     batch, plen = prompt.shape
-    cache = model.init(jax.random.key(0), jnp.zeros((batch, args.cache_len), jnp.int32),
-                       jnp.zeros((batch, args.cache_len), jnp.int32))["cache"]
+    # the cache's shapes only (an empty cache is zeros): running init would attend over the whole cache
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((batch, args.cache_len), jnp.int32),
+                                               jnp.zeros((batch, args.cache_len), jnp.int32))["cache"])
+    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     weights = {"params": params["params"]}
 
     def one(cache, tokens, positions):
