@@ -10,6 +10,7 @@ TYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e4m3fnuz))
 # FNUZ variant on MI300 (gfx942); MI200 (gfx90a) has no fp8 matrix instructions. The interpreter runs both.
 SUPPORTED = {
     "cuda": {jnp.dtype(jnp.float8_e4m3fn)},
+    "sm90": {jnp.dtype(jnp.float8_e4m3fn)},
     "gfx950": {jnp.dtype(jnp.float8_e4m3fn)},
     "gfx942": {jnp.dtype(jnp.float8_e4m3fnuz)},
     "gfx90a": set(),

@@ -215,13 +215,13 @@ _CUDA_CANDIDATES = {
            + _rows(512, [(32, 16, 4, 1), (16, 16, 4, 1)])),
 }
 
-_TMA = dict(TMA=True)
+_TMA = dict(TMA=True, WARP_SPECIALIZE=True)
 
 CANDIDATES = {
     "cuda": _CUDA_CANDIDATES,
     "sm90": {**_CUDA_CANDIDATES,
-             "fwd": (_rows(64, [(128, 128, 8, 2), (128, 64, 4, 3)], **_TMA)
-                     + _rows(128, [(128, 128, 8, 2), (128, 64, 4, 3)], **_TMA)
+             "fwd": (_rows(64, [(128, 128, 4, 2), (128, 64, 4, 2)], **_TMA)
+                     + _rows(128, [(128, 128, 4, 2), (128, 64, 4, 2)], **_TMA)
                      + _CUDA_CANDIDATES["fwd"])},
     "gfx90a": _hip_candidates(),
     "gfx942": _hip_candidates(),
@@ -299,6 +299,7 @@ DECODE = {
 }
 DECODE_SPLITS = {
     "cuda": dict(cus=132, programs_per_cu=2, max_splits=64, min_blocks_per_split=8),
+    "sm90": dict(cus=132, programs_per_cu=2, max_splits=64, min_blocks_per_split=8),  # H100 / H200
     # AMD: a decode program is one wave (rows_per_warp); 8 fill a CU at 2 waves per SIMD
     "gfx90a": dict(cus=110, programs_per_cu=8, max_splits=64, min_blocks_per_split=8),
     "gfx942": dict(cus=304, programs_per_cu=8, max_splits=64, min_blocks_per_split=8),

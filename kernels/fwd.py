@@ -65,7 +65,7 @@ def _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_col, start_n, start_m, se
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     else:
         if TMA:
-            v = v_desc.load([b, start_n, kv_col]).reshape([BLOCK_N, BLOCK_D])
+            v = v_desc.load([start_n, kv_col])
         else:
             v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
@@ -80,12 +80,12 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col, lo, hi,
                ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr,
                TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, POSITIONS: tl.constexpr):
     """Key blocks of [lo, hi) then [lo2, hi2). TMA (one span, lo2 == hi2): K and V tiles from the
-    descriptors k_desc / v_desc at (b, start_n, kv_col), in a plain strided loop (what Triton's
+    descriptors k_desc / v_desc at (start_n, kv_col), in a plain strided loop (what Triton's
     warp-specialisation pass partitions); else pointer loads from k_base / v_base."""
     offs_d = tl.arange(0, BLOCK_D)
     if TMA:
         for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-            k = k_desc.load([b, start_n, kv_col]).reshape([BLOCK_N, BLOCK_D])
+            k = k_desc.load([start_n, kv_col])
             acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_col, start_n, start_m, seq_q,
                                        seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids,
                                        KSeg, b, seed, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
@@ -143,25 +143,24 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     slope = 0.0
     if ALIBI:
         slope = tl.load(Slopes + bh)
-    # TMA (Hopper): Q, K and V through 3-D descriptors over (batch, seq, heads * head_dim): a block's rows
-    # past the sequence arrive as zeros, never another batch element's rows. All key blocks of the band
-    # run in one masked loop: Triton 3.6's warp-specialisation pass fails to compile a kernel with a
-    # second loop or a pointer-loaded Q (sm90 cross-compiles).
+    # TMA (Hopper): Q, K and V through 2-D descriptors based at this batch element's row 0 and bounded by
+    # its sequence length: a block's rows past the end arrive as zeros, never another element's rows.
+    # All key blocks of the band run in one masked loop. (Triton 3.6, sm90: the warp-specialisation pass
+    # fails to compile a kernel with a second key loop or a pointer-loaded Q, and 3-D descriptors with
+    # reshaped tiles compile but hang on the H200.)
     USE_TMA: tl.constexpr = TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM)
     k_desc = k_base
     v_desc = v_base
     kv_col = (h // (H // KV_H)) * HEAD_DIM
     if USE_TMA:
-        n_batch = tl.num_programs(1) // H
-        k_desc = tl.make_tensor_descriptor(K, shape=[n_batch, seq_k, KV_H * HEAD_DIM],
-                                           strides=[seq_k * (KV_H * HEAD_DIM), KV_H * HEAD_DIM, 1],
-                                           block_shape=[1, BLOCK_N, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(V, shape=[n_batch, seq_k, KV_H * HEAD_DIM],
-                                           strides=[seq_k * (KV_H * HEAD_DIM), KV_H * HEAD_DIM, 1],
-                                           block_shape=[1, BLOCK_N, BLOCK_D])
-        q_desc = tl.make_tensor_descriptor(Q, shape=[n_batch, seq_q, STRIDE], strides=[seq_q * STRIDE, STRIDE, 1],
-                                           block_shape=[1, BLOCK_M, BLOCK_D])
-        q = q_desc.load([b, start_m, h * HEAD_DIM]).reshape([BLOCK_M, BLOCK_D])
+        kv_batch = head_start(b, 0, seq_k, KV_H, HEAD_DIM)
+        k_desc = tl.make_tensor_descriptor(K + kv_batch, shape=[seq_k, KV_H * HEAD_DIM], strides=[KV_H * HEAD_DIM, 1],
+                                           block_shape=[BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(V + kv_batch, shape=[seq_k, KV_H * HEAD_DIM], strides=[KV_H * HEAD_DIM, 1],
+                                           block_shape=[BLOCK_N, BLOCK_D])
+        q_desc = tl.make_tensor_descriptor(Q + head_start(b, 0, seq_q, H, HEAD_DIM), shape=[seq_q, STRIDE],
+                                           strides=[STRIDE, 1], block_shape=[BLOCK_M, BLOCK_D])
+        q = q_desc.load([start_m, h * HEAD_DIM])
     else:
         q = load_tile(q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)

@@ -154,3 +154,13 @@ def test_tunes_on_the_calls_band(impl, tuning, monkeypatch):
     assert {key[4:6] for key in keys} == {("window", (9, 0))}
     run(impl, q, k, v, dout, dlse, causal=True)  # plain causal: tuned again, under its own keys
     assert {key[4:6] for key in set(autotune.table()) - keys} == {("", (-1, 0))}
+
+
+def test_every_target_keyed_table_knows_every_target():
+    """A target added to configs.TARGETS (e.g. "sm90") must be in every table keyed by target, or calls on
+    that GPU fail with a KeyError deep in a launch."""
+    from jax_flash_amd import fp8
+
+    for name, table in (("CANDIDATES", configs.CANDIDATES), ("DECODE_SPLITS", configs.DECODE_SPLITS),
+                        ("fp8.SUPPORTED", fp8.SUPPORTED)):
+        assert set(table) == set(configs.TARGETS), name
