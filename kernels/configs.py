@@ -306,5 +306,6 @@ DECODE_SPLITS = {
     "gfx950": dict(cus=256, programs_per_cu=8, max_splits=64, min_blocks_per_split=8),
     "interpret": dict(cus=2, programs_per_cu=2, max_splits=8, min_blocks_per_split=1),
 }
+DECODE["sm90"] = DECODE["cuda"]
 for _target, _rows_of in DECODE.items():
     TARGETS[_target].update(_rows_of)
