@@ -121,8 +121,8 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     Seeds (batch, H, 2) uint32, keep_scale, DROP_THRESHOLD: dropout (dropout.py); QDescale, KDescale,
     VDescale / P8_LOG2: fp8 inputs (above). TMA (Hopper config rows): Q, K and V move through
     device-side TMA descriptors where the head is a power of two and the inputs 16-bit;
-    WARP_SPECIALIZE then splits the key loop into producer and consumer warps (compiles, but hung on
-    the H200 with Triton 3.6: no config row sets it, kernels/configs.py)."""
+    WARP_SPECIALIZE then splits the key loop into producer and consumer warps. Neither is used by a
+    config row yet (measured on the H200, kernels/configs.py: slower; warp-specialised: wrong outputs)."""
     # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
@@ -146,7 +146,7 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     # TMA (Hopper): Q, K and V through 2-D descriptors based at this batch element's row 0 and bounded by
     # its sequence length: a block's rows past the end arrive as zeros, never another element's rows.
     # All key blocks of the band run in one masked loop. (Triton 3.6, sm90: the warp-specialisation pass
-    # fails to compile a kernel with a second key loop or a pointer-loaded Q, and 3-D descriptors with
+    # fails to compile a kernel with a second key loop or a pointer-loaded Q; 3-D descriptors with
     # reshaped tiles compile but hang on the H200.)
     USE_TMA: tl.constexpr = TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM)
     k_desc = k_base
