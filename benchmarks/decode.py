@@ -72,22 +72,15 @@ def paged_copy(cache, page: int, seed: int):
 
 
 def time_donated(step, q, kc, vc, lens, k, v, reps: int = 7, budget_s: float = 0.5) -> float:
-    """Median seconds of step(q, kc, vc, lens, k, v) -> (out, kc, vc) with the caches donated and carried."""
-    out, kc, vc = step(q, kc, vc, lens, k, v)
-    jax.block_until_ready(out)
-    t0 = time.perf_counter()
-    out, kc, vc = step(q, kc, vc, lens, k, v)
-    jax.block_until_ready(out)
-    one = max(time.perf_counter() - t0, 1e-6)
-    n = max(1, min(100, int(budget_s / reps / one)))
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            out, kc, vc = step(q, kc, vc, lens, k, v)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - t0) / n)
-    return float(np.median(samples))
+    """Median seconds of step(q, kc, vc, lens, k, v) -> (out, kc, vc) with the caches donated and carried
+    from call to call (timing.median_seconds over a call that threads them)."""
+    caches = [kc, vc]
+
+    def call():
+        out, caches[0], caches[1] = step(q, *caches, lens, k, v)
+        return out
+
+    return median_seconds(call, reps=reps, budget_s=budget_s)
 
 
 def measure(name: str, layout: str, fn, args, kv_bytes: int, copy_bw: float, ref, timer=None,
