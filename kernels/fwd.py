@@ -32,7 +32,7 @@ def keys_padded(seq_k):
 
 
 @triton.jit
-def _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_col, start_n, start_m, seq_q, seq_k, lo_off, hi_off,
+def _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_row, kv_col, start_n, start_m, seq_q, seq_k, lo_off, hi_off,
                diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
@@ -65,7 +65,7 @@ def _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_col, start_n, start_m, se
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     else:
         if TMA:
-            v = v_desc.load([start_n, kv_col])
+            v = v_desc.load([kv_row + start_n, kv_col])
         else:
             v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
@@ -73,7 +73,7 @@ def _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_col, start_n, start_m, se
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col, lo, hi, lo2, hi2, start_m, seq_q,
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col, lo, hi, lo2, hi2, start_m, seq_q,
                seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
                STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -85,8 +85,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col, lo, hi,
     offs_d = tl.arange(0, BLOCK_D)
     if TMA:
         for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-            k = k_desc.load([start_n, kv_col])
-            acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_col, start_n, start_m, seq_q,
+            k = k_desc.load([kv_row + start_n, kv_col])
+            acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_row, kv_col, start_n, start_m, seq_q,
                                        seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids,
                                        KSeg, b, seed, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                                        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED,
@@ -98,7 +98,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col, lo, hi,
             start_n = span_block(i, lo, hi, lo2, BLOCK_N)
             k = load_tile(k_base, start_n + tl.arange(0, BLOCK_N), offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED,
                           BLOCK_D != HEAD_DIM)  # [BN, BD]
-            acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_col, start_n, start_m, seq_q,
+            acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_row, kv_col, start_n, start_m, seq_q,
                                        seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids,
                                        KSeg, b, seed, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                                        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED,
@@ -129,6 +129,7 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     b = bh // H
     h = bh % H
     STRIDE: tl.constexpr = H * HEAD_DIM
+    STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     q_start = head_start(b, h, seq_q, H, HEAD_DIM)
     bh_kv = b * KV_H + h // (H // KV_H)
     kv_start = head_start(b, h // (H // KV_H), seq_k, KV_H, HEAD_DIM)
@@ -143,8 +144,11 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     slope = 0.0
     if ALIBI:
         slope = tl.load(Slopes + bh)
-    # TMA (Hopper): Q, K and V through 2-D descriptors based at this batch element's row 0 and bounded by
-    # its sequence length: a block's rows past the end arrive as zeros, never another element's rows.
+    # TMA (Hopper): Q, K and V through 2-D descriptors over the whole tensor, bounded at the end of this
+    # batch element (rows b * seq ... (b + 1) * seq - 1 of a (batch * seq, heads * D) view): a block's
+    # rows past the end arrive as zeros, never the next element's rows. (The base is the tensor's, not
+    # the element's: on the H200, Triton 3.6, descriptors based at the element's row 0 gave wrong
+    # outputs under warp specialisation, .gpu bisection.)
     # All key blocks of the band run in one masked loop. (Triton 3.6, sm90: the warp-specialisation pass
     # fails to compile a kernel with a second key loop or a pointer-loaded Q; 3-D descriptors with
     # reshaped tiles compile but hang on the H200.)
@@ -152,15 +156,15 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     k_desc = k_base
     v_desc = v_base
     kv_col = (h // (H // KV_H)) * HEAD_DIM
+    kv_row = b * seq_k
     if USE_TMA:
-        kv_batch = head_start(b, 0, seq_k, KV_H, HEAD_DIM)
-        k_desc = tl.make_tensor_descriptor(K + kv_batch, shape=[seq_k, KV_H * HEAD_DIM], strides=[KV_H * HEAD_DIM, 1],
+        k_desc = tl.make_tensor_descriptor(K, shape=[kv_row + seq_k, STRIDE_KV], strides=[STRIDE_KV, 1],
                                            block_shape=[BLOCK_N, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(V + kv_batch, shape=[seq_k, KV_H * HEAD_DIM], strides=[KV_H * HEAD_DIM, 1],
+        v_desc = tl.make_tensor_descriptor(V, shape=[kv_row + seq_k, STRIDE_KV], strides=[STRIDE_KV, 1],
                                            block_shape=[BLOCK_N, BLOCK_D])
-        q_desc = tl.make_tensor_descriptor(Q + head_start(b, 0, seq_q, H, HEAD_DIM), shape=[seq_q, STRIDE],
-                                           strides=[STRIDE, 1], block_shape=[BLOCK_M, BLOCK_D])
-        q = q_desc.load([start_m, h * HEAD_DIM])
+        q_desc = tl.make_tensor_descriptor(Q, shape=[(b + 1) * seq_q, STRIDE], strides=[STRIDE, 1],
+                                           block_shape=[BLOCK_M, BLOCK_D])
+        q = q_desc.load([b * seq_q + start_m, h * HEAD_DIM])
     else:
         q = load_tile(q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -176,9 +180,8 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     if P8_LOG2 > 0:
         sm_scale = sm_scale * tl.load(QDescale + bh_kv) * tl.load(KDescale + bh_kv)
         v_descale = tl.load(VDescale + bh_kv)
-    STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     if USE_TMA:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col, start, end, end, end,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col, start, end, end, end,
                                    start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
                                    slope, q_ids, KSeg, b, seed, MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
                                    BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
@@ -186,14 +189,14 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
                                    TMA=True, WARP_SPECIALIZE=WARP_SPECIALIZE, POSITIONS=POSITIONS)
     else:
         # key blocks every row sees, unmasked; then those at the band's edges, masked (one loop, both spans)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col, full_start, full_end,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col, full_start, full_end,
                                    full_end, full_end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
                                    sm_scale, softcap, slope, q_ids, KSeg, b, seed, MASKED=False, STRIDE_KV=STRIDE_KV,
                                    HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                                    SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
                                    P8_LOG2=P8_LOG2,
                                    TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col, start, full_start,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col, start, full_start,
                                    full_end, end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
                                    sm_scale, softcap, slope, q_ids, KSeg, b, seed, MASKED=True, STRIDE_KV=STRIDE_KV,
                                    HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
