@@ -40,16 +40,19 @@ def row_kind(band: Band, dropout_p: float = 0.0, group: int = 1, fp8_inputs: boo
     return "dropout" if dropout_p > 0 else "gqa" if group > 1 else ""
 
 
-def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, kind: str = "") -> tuple[dict, dict]:
+def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, kind: str = "",
+                tma: bool = True) -> tuple[dict, dict]:
     """(constexprs, compiler options): rows[kernel] when given (autotuning), else the first
     configs.TARGETS row that fits the head and dtype, from the "<kernel>+<kind>" rows where the target
-    has them (kind: row_kind)."""
+    has them (kind: row_kind). tma=False: rows with TMA are passed over (the call cannot take that path)."""
     row = (rows or {}).get(kernel)
+    if row is not None and row.get("TMA") and not tma:
+        row = None
     if row is None:
         width = config_width(head_dim, dtype)
         table = configs.TARGETS[target]
         candidates = table.get(f"{kernel}+{kind}", table[kernel]) if kind else table[kernel]
-        row = next((r for r in candidates if fits(r, width, dtype)), None)
+        row = next((r for r in candidates if fits(r, width, dtype) and (tma or not r.get("TMA"))), None)
         if row is None:
             raise ValueError(f"no {kernel} config for head_dim={head_dim}, dtype={dtype} on {target}")
     blocks = {k: v for k, v in row.items() if k.isupper()}  # constexprs: BLOCK_*, SPLIT, TMA, ...

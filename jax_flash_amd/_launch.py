@@ -120,13 +120,21 @@ def _common(q, k, statics: Statics) -> tuple[dict, dict]:
                    keep_scale=np.float32(rules.dropout_keep_scale(statics.dropout_p)), seq_q=sq, seq_k=sk,
                    lo_off=lo_off, hi_off=hi_off)
     constexprs = dict(H=q.shape[2], KV_H=k.shape[2], HEAD_DIM=q.shape[3], BLOCK_D=block_d(q.shape[3], q.dtype),
-                      BANDED=statics.band.banded, SOFTCAP=statics.softcap > 0,
+                      BANDED=statics.band.sides, SOFTCAP=statics.softcap > 0,
                       DROP_THRESHOLD=rules.dropout_threshold(statics.dropout_p))
     return scalars, constexprs
 
 
 def _kind(q, k, statics: Statics) -> str:
     return row_kind(statics.band, statics.dropout_p, q.shape[2] // k.shape[2], fp8.is_fp8(q.dtype))
+
+
+def _takes_tma(q, statics: Statics, extras: Operands) -> bool:
+    """Whether a call may take the forward's TMA rows (sm90, kernels/fwd.py): 16-bit inputs with a
+    power-of-two head (whole-tile descriptors), without dropout or segment ids (Triton 3.6's
+    warp-specialisation pass fails to compile those loops). Others take the target's pointer rows."""
+    return (jnp.dtype(q.dtype).itemsize == 2 and block_d(q.shape[3], q.dtype) == q.shape[3]
+            and statics.dropout_p == 0 and extras.q_segment_ids is None)
 
 
 def keys_last(run: Run, target: str, v):
@@ -151,10 +159,13 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
     (autotuning)."""
     b, sq, h, _ = q.shape
     fp8_inputs = fp8.is_fp8(q.dtype)
-    blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows, _kind(q, k, statics))
+    blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows, _kind(q, k, statics),
+                                  tma=_takes_tma(q, statics, extras))
     if fp8_inputs:
         v = keys_last(run, target, v)
     scalars, constexprs = _common(q, k, statics)
+    if blocks.get("TMA"):  # kernels/fwd.py: the TMA loop goes unmasked when every key block is whole
+        constexprs["KEYS_EVEN"] = k.shape[1] % blocks["BLOCK_N"] == 0
     out, lse = run(_launch(
         fwd.attn_fwd, grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
         inputs=dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, blocks["BLOCK_M"]), **scalars),

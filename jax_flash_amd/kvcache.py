@@ -460,7 +460,7 @@ def launches(run, target: str, opts: Options, q, k_cache, v_cache, cache_seqlens
                     num_pages=num_pages),
         out_shapes=(jax.ShapeDtypeStruct((splits, b, sq, h, d), q.dtype if one else jnp.float32),
                     jax.ShapeDtypeStruct((splits, b, h, sq), jnp.float32)),
-        constexprs={**common, "H": h, **blocks, "BANDED": opts.band.banded, "SOFTCAP": opts.softcap > 0,
+        constexprs={**common, "H": h, **blocks, "BANDED": opts.band.sides, "SOFTCAP": opts.softcap > 0,
                     "FP8_KV": fp8.is_fp8(k_cache.dtype)},
         options=p["options"], extras=extras))
     if one:

@@ -41,6 +41,12 @@ class Band:
         """Whether the band bounds anything (else only the sequence bounds apply)."""
         return self.left >= 0 or self.right >= 0
 
+    @property
+    def sides(self) -> int:
+        """The kernels' BANDED constexpr (kernels/masking.py): 1 if the right side bounds anything, + 2 if
+        the left does (0: no band)."""
+        return (self.right >= 0) + 2 * (self.left >= 0)
+
     def narrow(self, widest: int) -> bool:
         """Bounded on both sides and at most `widest` keys wide."""
         return 0 <= self.left and 0 <= self.right and self.left + self.right + 1 <= widest

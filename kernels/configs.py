@@ -132,15 +132,21 @@ _CUDA_TARGET = {
     "keys_last": _KEYS_LAST,
 }
 
+# sm90, D 128, bf16, H200 (Triton 3.6), forward / cuDNN's: TMA + warp specialisation 128 x 128 x 4 warps x
+# 2 stages 0.85 / 0.89 / 0.91 at N 1024 / 4096 / 16384 (causal 0.74 / 0.83 / 0.88) against 0.74-0.77
+# (0.71-0.84) for the pointer row. 3 stages: 262 KB of shared memory; 128 x 64: slower; 128 x 64 x 3
+# stages and 128 x 128 x 3 at D 64: NaN (Triton 3.6). D 64: the pointer row stays (0.89-0.92 vs 0.74-0.91).
+_SM90_FWD_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2, TMA=True,
+                     WARP_SPECIALIZE=True)
+_SM90_TARGET = {**_CUDA_TARGET, "fwd": [_CUDA["fwd"][0], _SM90_FWD_TMA] + _CUDA["fwd"][1:]}
+
+
 TARGETS = {
     # NVIDIA sm80 and later (H100/H200 measured)
     "cuda": _CUDA_TARGET,
-    # Hopper (sm90: H100/H200): the CUDA rows (pointer loads). The forward's TMA path (TMA, kernels/fwd.py)
-    # is not used by any row: on the H200 (Triton 3.6, bf16, 4 x 4096 x 16 x 128) TMA without warp
-    # specialisation ran at 0.86-0.88x the pointer rows (0.65-0.72x with masking-heavy causal), and
-    # warp-specialised tiles (128 x 128 / 128 x 64, 4 warps, 2 stages) ran but computed wrong outputs
-    # (max error 0.16-0.84) and slower. tests/test_sm90.py runs any TMA row added here on the GPU.
-    "sm90": _CUDA_TARGET,
+    # Hopper (sm90: H100/H200): the CUDA rows, but a 16-bit forward at D 65-128 through TMA descriptors
+    # with warp specialisation (kernels/fwd.py). tests/test_sm90.py runs every TMA row on the GPU.
+    "sm90": _SM90_TARGET,
     "gfx90a": _hip("gfx90a"),  # MI200: 64 KiB LDS
     "gfx942": _hip("gfx942"),  # MI300: 64 KiB LDS
     "gfx950": _hip("gfx950"),  # MI350: 160 KiB LDS (128 x 128 forward tiles spill ~500 bytes/lane at D 128)
@@ -217,7 +223,7 @@ _CUDA_CANDIDATES = {
 
 CANDIDATES = {
     "cuda": _CUDA_CANDIDATES,
-    "sm90": _CUDA_CANDIDATES,
+    "sm90": {**_CUDA_CANDIDATES, "fwd": [_SM90_FWD_TMA] + _CUDA_CANDIDATES["fwd"]},
     "gfx90a": _hip_candidates(),
     "gfx942": _hip_candidates(),
     "gfx950": _hip_candidates(),

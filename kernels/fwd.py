@@ -80,7 +80,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col,
                ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr,
                TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, POSITIONS: tl.constexpr):
     """Key blocks of [lo, hi) then [lo2, hi2). TMA (one span, lo2 == hi2): K and V tiles from the
-    descriptors k_desc / v_desc at (start_n, kv_col), in a plain strided loop (what Triton's
+    descriptors k_desc / v_desc at (kv_row + start_n, kv_col), in one plain strided loop (what Triton's
     warp-specialisation pass partitions); else pointer loads from k_base / v_base."""
     offs_d = tl.arange(0, BLOCK_D)
     if TMA:
@@ -114,7 +114,7 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
              DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr, POSITIONS: tl.constexpr, TMA: tl.constexpr = False,
-             WARP_SPECIALIZE: tl.constexpr = False):
+             WARP_SPECIALIZE: tl.constexpr = False, KEYS_EVEN: tl.constexpr = False):
     """lo_off / hi_off / BANDED: the visible band, QSeg / KSeg (batch, seq) int32 and KeyRanges /
     SEGMENTS: segment ids, Positions (batch, 3) int32 / POSITIONS: the call as a block of a larger one
     (masking.py); softcap / SOFTCAP and Slopes (batch, H) fp32 / ALIBI: logit modifiers (scores.py);
@@ -149,8 +149,9 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     # rows past the end arrive as zeros, never the next element's rows. (The base is the tensor's, not
     # the element's: on the H200, Triton 3.6, descriptors based at the element's row 0 gave wrong
     # outputs under warp specialisation, .gpu bisection.)
-    # All key blocks of the band run in one masked loop. (Triton 3.6, sm90: the warp-specialisation pass
-    # fails to compile a kernel with a second key loop or a pointer-loaded Q; 3-D descriptors with
+    # All key blocks of the band run in one loop. (Triton 3.6, sm90: the warp-specialisation pass
+    # fails to compile a kernel with a second key loop, a dot outside the loop or a pointer-loaded Q, and does
+    # not partition a loop with a branch in it; 3-D descriptors with
     # reshaped tiles compile but hang on the H200.)
     USE_TMA: tl.constexpr = TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM)
     k_desc = k_base
@@ -181,9 +182,11 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
         sm_scale = sm_scale * tl.load(QDescale + bh_kv) * tl.load(KDescale + bh_kv)
         v_descale = tl.load(VDescale + bh_kv)
     if USE_TMA:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col, start, end, end, end,
-                                   start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
-                                   slope, q_ids, KSeg, b, seed, MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
+        # masked unless no block needs it (no band, no segment ids, whole key blocks: KEYS_EVEN)
+        TMA_MASKED: tl.constexpr = BANDED or SEGMENTS or not KEYS_EVEN
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col, start, end,
+                                   end, end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
+                                   sm_scale, softcap, slope, q_ids, KSeg, b, seed, MASKED=TMA_MASKED, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
                                    BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
                                    ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2,
                                    TMA=True, WARP_SPECIALIZE=WARP_SPECIALIZE, POSITIONS=POSITIONS)

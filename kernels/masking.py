@@ -6,8 +6,9 @@ diagonal (FlashAttention's convention): query i sees key j iff
     i + seq_k - seq_q - left <= j <= i + seq_k - seq_q + right,
 with left / right unbounded when negative; causal is right = 0. The kernels take the band as two
 offsets, lo_off = seq_k - seq_q - left and hi_off = seq_k - seq_q + right (+-UNBOUNDED when open), so
-query i sees key j iff i + lo_off <= j <= i + hi_off, and BANDED (constexpr) says whether there is a
-band at all: without one only the sequence bounds are checked.
+query i sees key j iff i + lo_off <= j <= i + hi_off, and BANDED (constexpr, rules.Band.sides) says
+which sides bound anything: 1 the right (hi_off), 2 the left (lo_off), 3 both; without a band (0) only
+the sequence bounds are checked.
 
 A call may be one block of a larger one (ring attention, POSITIONS constexpr): `place` shifts the band
 to the larger call's positions before any of the block ranges below are computed, so they skip the keys
@@ -36,9 +37,14 @@ def visible(q_idx, k_idx, seq_q, seq_k, lo_off, hi_off, q_seg, k_seg, BANDED: tl
             SEGMENTS: tl.constexpr):
     """Boolean mask, broadcast of q_idx and k_idx (pass [BM, 1] / [1, BN], or transposed), and of
     their segment ids q_seg / k_seg (ignored unless SEGMENTS)."""
-    ok = (q_idx < seq_q) & (k_idx < seq_k)
-    if BANDED:
-        ok = ok & (k_idx >= q_idx + lo_off) & (k_idx <= q_idx + hi_off)
+    # per-row bounds first (q_idx varies along one axis only: a row's worth of work, not a tile's), so a
+    # tile element costs one compare, two with a left bound
+    last = tl.where(q_idx < seq_q, seq_k - 1, -1)  # a row past seq_q sees nothing
+    if BANDED & 1:
+        last = tl.minimum(last, q_idx + hi_off)
+    ok = k_idx <= last
+    if BANDED & 2:
+        ok = ok & (k_idx >= q_idx + lo_off)
     if SEGMENTS:
         ok = ok & (q_seg == k_seg)
     return ok

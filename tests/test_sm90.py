@@ -1,6 +1,7 @@
 """Every Hopper (sm90) forward config row that moves tiles through TMA descriptors, shipped or a tuning
-candidate, run on the GPU against float64 (ragged blocks, two batch elements): some TMA / warp-specialised
-tiles of Triton 3.6 compute NaN or hang, so none may ship unchecked. GPU only (skipped elsewhere)."""
+candidate, run on the GPU against float64 (ragged and whole blocks, two batch elements, the variants that
+take the path): some TMA / warp-specialised tiles of Triton 3.6 compute NaN or hang, so none may ship
+unchecked (GPU only). On any machine: which calls may take those rows (_launch._takes_tma)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,10 +10,10 @@ import pytest
 import oracle
 from helpers import ON_GPU, assert_close, inputs, run as run_impl
 from jax_flash_amd import _launch, _triton
+from jax_flash_amd._config_choice import pick_config
+from jax_flash_amd.operands import Operands
 from jax_flash_amd.kernels import configs
 from jax_flash_amd.rules import Band
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a GPU")]
 
 ROWS = [r for r in configs.TARGETS["sm90"]["fwd"] + configs.CANDIDATES["sm90"]["fwd"] if r.get("TMA")]
 ROWS = [r for i, r in enumerate(ROWS) if r not in ROWS[:i]]
@@ -23,20 +24,53 @@ def _id(row):
         "-ws" if row.get("WARP_SPECIALIZE") else "")
 
 
+VARIANTS = {"plain": {}, "softcap": dict(softcap=20.0), "alibi": {}, "gqa": {}}
+
+
 @pytest.mark.parametrize("row", ROWS, ids=_id)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_every_sm90_row(row, dtype, causal):
+@pytest.mark.parametrize("seq", [300, 256], ids=["ragged", "whole"])  # 256: the unmasked loop (KEYS_EVEN)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_every_sm90_row(row, dtype, causal, seq, variant):
     if _triton.target() != "sm90":
         pytest.skip("needs a Hopper GPU")
+    if variant != "plain" and (dtype != jnp.bfloat16 or seq != 300):
+        pytest.skip("variants: bf16, ragged")
     d = row["max_block_d"]
-    b, sq, sk, h = 2, 300, 300, 3  # ragged last blocks at every tile size; two batch elements
-    q, k, v, dout, dlse = inputs((b, sq, h, d), (b, sk, h, d), dtype, seed=d)
-    statics = _launch.Statics(d ** -0.5, Band.of(causal, (-1, -1), sq, sk))
+    b, h = 2, 4
+    h_kv = 2 if variant == "gqa" else h
+    q, k, v, dout, dlse = inputs((b, seq, h, d), (b, seq, h_kv, d), dtype, seed=d + seq)
+    softcap = VARIANTS[variant].get("softcap", 0.0)
+    slopes = (jax.random.uniform(jax.random.key(1), (b, h), jnp.float32, 0.01, 0.5) if variant == "alibi"
+              else None)
+    statics = _launch.Statics(d ** -0.5, Band.of(causal, (-1, -1), seq, seq), softcap=softcap)
+    extras = Operands(slopes=slopes)
     run, target = _triton.run, _triton.target()
-    out, lse2 = jax.jit(lambda q, k, v: _launch.forward(run, target, q, k, v, statics=statics, rows={"fwd": row}))(
-        q, k, v)
-    ref = oracle.attention(q, k, v, dout, causal=causal)
+    out, lse2 = jax.jit(lambda q, k, v, e: _launch.forward(run, target, q, k, v, e, statics=statics,
+                                                           rows={"fwd": row}))(q, k, v, extras)
+    ref = oracle.attention(q, k, v, dout, causal=causal, softcap=softcap, alibi=slopes)
     got = dict(out=out, lse=lse2 * np.log(2))
     assert np.isfinite(np.asarray(out, np.float32)).all()
-    assert_close(got, ref, run_impl("xla", q, k, v, dout, dlse, causal=causal), dtype, names=("out", "lse"))
+    base = run_impl("xla", q, k, v, dout, dlse, causal=causal, softcap=softcap, alibi_slopes=slopes)
+    assert_close(got, ref, base, dtype, names=("out", "lse"))
+
+
+@pytest.mark.parametrize("case, takes", [
+    ("plain", True), ("dropout", False), ("segments", False), ("d96", False), ("float32", False)])
+def test_which_calls_take_the_tma_rows(case, takes):
+    """sm90's forward rows with TMA serve 16-bit, power-of-two heads without dropout or segment ids; other
+    calls get the pointer rows (the TMA loop does not compile with those, or needs whole-tile heads)."""
+    d = 96 if case == "d96" else 128
+    dtype = jnp.float32 if case == "float32" else jnp.bfloat16
+    q = jnp.zeros((1, 256, 2, d), dtype)
+    statics = _launch.Statics(d ** -0.5, Band.of(True, (-1, -1), 256, 256),
+                              dropout_p=0.1 if case == "dropout" else 0.0)
+    ids = jnp.zeros((1, 256), jnp.int32) if case == "segments" else None
+    extras = Operands(q_segment_ids=ids, kv_segment_ids=ids)
+    assert _launch._takes_tma(q, statics, extras) == takes
+    blocks, _ = pick_config("sm90", "fwd", d, dtype, kind=_launch._kind(q, q, statics),
+                            tma=_launch._takes_tma(q, statics, extras))
+    assert bool(blocks.get("TMA")) == takes
