@@ -114,7 +114,7 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
              DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr, POSITIONS: tl.constexpr, TMA: tl.constexpr = False,
-             WARP_SPECIALIZE: tl.constexpr = False):
+             WARP_SPECIALIZE: tl.constexpr = False, EDGES_FIRST: tl.constexpr = False):
     """lo_off / hi_off / BANDED: the visible band, QSeg / KSeg (batch, seq) int32 and KeyRanges /
     SEGMENTS: segment ids, Positions (batch, 3) int32 / POSITIONS: the call as a block of a larger one
     (masking.py); softcap / SOFTCAP and Slopes (batch, H) fp32 / ALIBI: logit modifiers (scores.py);
@@ -122,7 +122,10 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     VDescale / P8_LOG2: fp8 inputs (above). TMA (Hopper config rows): Q, K and V move through
     device-side TMA descriptors where the head is a power of two and the inputs 16-bit;
     WARP_SPECIALIZE then splits the key loop into producer and consumer warps. Neither is used by a
-    config row yet (measured on the H200, kernels/configs.py: slower; warp-specialised: wrong outputs)."""
+    config row yet (measured on the H200, kernels/configs.py: slower; warp-specialised: wrong outputs).
+    EDGES_FIRST (config rows): the masked key blocks at the band's edges before the unmasked ones; the
+    order only changes how LLVM allocates registers (AMD: where the unmasked loop keeps its buffer
+    descriptors in SGPRs instead of re-copying them every iteration, issue 23)."""
     # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
@@ -185,21 +188,37 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
                                    ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2,
                                    TMA=True, WARP_SPECIALIZE=WARP_SPECIALIZE, POSITIONS=POSITIONS)
     else:
-        # key blocks every row sees, unmasked; then those at the band's edges, masked (one loop, both spans)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col, full_start, full_end,
-                                   full_end, full_end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
-                                   sm_scale, softcap, slope, q_ids, KSeg, b, seed, MASKED=False, STRIDE_KV=STRIDE_KV,
-                                   HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                                   SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                                   P8_LOG2=P8_LOG2,
-                                   TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col, start, full_start,
-                                   full_end, end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
-                                   sm_scale, softcap, slope, q_ids, KSeg, b, seed, MASKED=True, STRIDE_KV=STRIDE_KV,
-                                   HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                                   SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                                   P8_LOG2=P8_LOG2,
-                                   TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS)
+        # key blocks every row sees, unmasked, and those at the band's edges, masked (one loop, both spans)
+        if EDGES_FIRST:
+            acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col,
+                                       start, full_start, full_end, end, start_m, seq_q, seq_k, lo_off, hi_off,
+                                       diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
+                                       MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                                       SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, TMA=False,
+                                       WARP_SPECIALIZE=False, POSITIONS=POSITIONS)
+            acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col,
+                                       full_start, full_end, full_end, full_end, start_m, seq_q, seq_k, lo_off,
+                                       hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
+                                       MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                                       SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, TMA=False,
+                                       WARP_SPECIALIZE=False, POSITIONS=POSITIONS)
+        else:
+            acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col,
+                                       full_start, full_end, full_end, full_end, start_m, seq_q, seq_k, lo_off,
+                                       hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
+                                       MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                                       SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, TMA=False,
+                                       WARP_SPECIALIZE=False, POSITIONS=POSITIONS)
+            acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_col,
+                                       start, full_start, full_end, end, start_m, seq_q, seq_k, lo_off, hi_off,
+                                       diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
+                                       MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                                       SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, TMA=False,
+                                       WARP_SPECIALIZE=False, POSITIONS=POSITIONS)
 
     # rows that saw no key: output 0, lse -inf
     empty = l_i == 0.0
