@@ -229,17 +229,19 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, d
     q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
     seed = load_seed(Seeds, bh, DROP_THRESHOLD)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
-    # key blocks every row sees, unmasked; then those at the band's edges, masked
-    dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, full_start, full_end, full_end, full_end,
-                   start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg,
-                   b, seed, keep_scale,
-                   MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                   BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS)
+    # the band's edges (masked) first, then the key blocks every row sees (unmasked): in this order the
+    # unmasked loop keeps its K and V buffer descriptors in SGPRs (the other way round, LLVM re-copied
+    # 4 descriptor words into place every iteration: AMD, issue 23)
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, start, full_start, full_end, end,
                    start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg,
                    b, seed, keep_scale,
                    MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                   BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS)
+    dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, full_start, full_end, full_end, full_end,
+                   start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg,
+                   b, seed, keep_scale,
+                   MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
                    DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS)
     store_tile(dQ + q_base, dq * sm_scale, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, BLOCK_D != HEAD_DIM)

@@ -35,9 +35,13 @@ def _hip(arch):
     # 128 x 64 x 4 warps (443-445 VGPRs, 1 wave/SIMD as before, 64 KiB LDS); gfx90a spills 120 bytes with it,
     # 128 x 32 does not.
     keys = 64 if arch == "gfx950" else 32  # per key block of the D 128 forward
+    # EDGES_FIRST (kernels/fwd.py): up to D 128 the masked key blocks first, so that the unmasked loop keeps
+    # its K / V buffer descriptors in SGPRs (the other order re-copies 4 of their words every iteration;
+    # at D 256, and gfx90a's D 128 with dropout, it is this order that costs instructions)
     fwd = [
-        dict(max_block_d=64, BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2),
-        dict(max_block_d=128, BLOCK_M=128, BLOCK_N=keys, num_warps=4, num_stages=1, waves_per_eu=2),
+        dict(max_block_d=64, BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2, EDGES_FIRST=True),
+        dict(max_block_d=128, BLOCK_M=128, BLOCK_N=keys, num_warps=4, num_stages=1, waves_per_eu=2,
+             EDGES_FIRST=True),
         dict(max_block_d=256, BLOCK_M=128, BLOCK_N=32 if arch == "gfx90a" else 64, num_warps=4, num_stages=1,
              waves_per_eu=1),
         dict(max_block_d=512, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=1),
@@ -46,7 +50,8 @@ def _hip(arch):
         "fwd": fwd,
         # the Philox draw's registers: 32 keys at D 128 (gfx950 with 64: 251 VGPRs, at the edge); at D 256
         # 128 x 64 spills 20 bytes on gfx942 (gfx950: 386 VGPRs, no spills)
-        "fwd+dropout": _with(_with(fwd, 128, BLOCK_N=32), 256, BLOCK_N=64 if arch == "gfx950" else 32),
+        "fwd+dropout": _with(_with(fwd, 128, BLOCK_N=32, EDGES_FIRST=arch != "gfx90a"), 256,
+                             BLOCK_N=64 if arch == "gfx950" else 32),
         "dkdv": [
             dict(max_block_d=128, BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=1, waves_per_eu=1,
                  matrix_instr_nonkdim=16),
@@ -159,8 +164,9 @@ TARGETS = {
                  dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, SPLIT=True, num_warps=4, num_stages=1)],
         "dq": [dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)],
         "keys_last": [dict(max_block_d=512, BLOCK_N=16, num_warps=4, num_stages=1)],
-        # other blocks for narrow windows, so the tests run the "+window" selection too
-        "fwd+window": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)],
+        # other blocks for narrow windows, so the tests run the "+window" selection too (and the forward's
+        # EDGES_FIRST order, which the AMD rows take)
+        "fwd+window": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, EDGES_FIRST=True)],
         "dkdv+window": [dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)],
         "dq+window": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)],
         # and for dropout, whose random bytes come in 32-key groups (kernels/dropout.py): 16 and 32 keys

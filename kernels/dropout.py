@@ -65,21 +65,22 @@ def keep(seed, start_m, start_n, THRESHOLD: tl.constexpr, BLOCK_M: tl.constexpr,
     tl.static_assert(BLOCK_M % 16 == 0 and BLOCK_N % 16 == 0, "dropout tiles are whole 16 x 16 blocks")
     # 8-key digit i within a 32-key group (NI 8-key groups share a call: they must not cross 32 keys)
     NI: tl.constexpr = 1 if ANY_START else 4 if BLOCK_N >= 32 else BLOCK_N // 8
-    a = start_m // 16 + _digit(BLOCK_M // 16, 0, TRANSPOSED)
+    # shifts, not //: the starts are >= 0, and a signed division by a power of two costs a sign fix-up
+    a = (start_m >> 4) + _digit(BLOCK_M // 16, 0, TRANSPOSED)
     m = _digit(2, 1, TRANSPOSED)
     l = _digit(8, 2, TRANSPOSED)
-    b8 = start_n // 8 + NI * _digit(BLOCK_N // (8 * NI), 3, TRANSPOSED)  # first 8-key digit of each group
+    b8 = (start_n >> 3) + NI * _digit(BLOCK_N // (8 * NI), 3, TRANSPOSED)  # first 8-key digit of each group
     i = _digit(NI, 4, TRANSPOSED)
     t = _digit(4, 5, TRANSPOSED)
     j = _digit(2, 6, TRANSPOSED)
-    c0 = ((b8 // 4) * 4 + t + 0 * (a + l)).to(tl.uint32)  # over (a, l, b, t) only: one call per 16 bytes
+    c0 = ((b8 >> 2) * 4 + t + 0 * (a + l)).to(tl.uint32)  # over (a, l, b, t) only: one call per 16 bytes
     c1 = (a * 8 + l + 0 * (b8 + t)).to(tl.uint32)
     zero = c0 * 0
     r0, r1, r2, r3 = tl.philox(seed, c0, c1, zero, zero, n_rounds=ROUNDS)
     if NI == 4:
         ii = i  # a constant per register, so the byte picking below folds away
     else:
-        ii = b8 % 4 + i
+        ii = (b8 & 3) + i
     w = m * 2 + ii // 2  # byte 8m + 2i + j is in output (8m + 2i + j) // 4
     word = tl.where(w < 2, tl.where(w < 1, r0, r1), tl.where(w < 3, r2, r3))
     shift = ((ii % 2) * 16 + j * 8).to(tl.uint32)

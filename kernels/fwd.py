@@ -114,15 +114,19 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
              DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr, POSITIONS: tl.constexpr, TMA: tl.constexpr = False,
-             WARP_SPECIALIZE: tl.constexpr = False, KEYS_EVEN: tl.constexpr = False):
+             WARP_SPECIALIZE: tl.constexpr = False, KEYS_EVEN: tl.constexpr = False,
+             EDGES_FIRST: tl.constexpr = False):
     """lo_off / hi_off / BANDED: the visible band, QSeg / KSeg (batch, seq) int32 and KeyRanges /
     SEGMENTS: segment ids, Positions (batch, 3) int32 / POSITIONS: the call as a block of a larger one
     (masking.py); softcap / SOFTCAP and Slopes (batch, H) fp32 / ALIBI: logit modifiers (scores.py);
     Seeds (batch, H, 2) uint32, keep_scale, DROP_THRESHOLD: dropout (dropout.py); QDescale, KDescale,
     VDescale / P8_LOG2: fp8 inputs (above). TMA (Hopper config rows): Q, K and V move through
     device-side TMA descriptors where the head is a power of two and the inputs 16-bit;
-    WARP_SPECIALIZE then splits the key loop into producer and consumer warps. Neither is used by a
-    config row yet (measured on the H200, kernels/configs.py: slower; warp-specialised: wrong outputs)."""
+    WARP_SPECIALIZE then splits the key loop into producer and consumer warps (sm90 rows, kernels/configs.py;
+    which calls take them: jax_flash_amd/_launch.py _takes_tma), KEYS_EVEN says every key block is whole.
+    EDGES_FIRST (config rows): the masked key blocks at the band's edges before the unmasked ones; the
+    order only changes how LLVM allocates registers (AMD: where the unmasked loop keeps its buffer
+    descriptors in SGPRs instead of re-copying them every iteration, issue 23)."""
     # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
@@ -149,10 +153,10 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     # rows past the end arrive as zeros, never the next element's rows. (The base is the tensor's, not
     # the element's: on the H200, Triton 3.6, descriptors based at the element's row 0 gave wrong
     # outputs under warp specialisation, .gpu bisection.)
-    # All key blocks of the band run in one loop. (Triton 3.6, sm90: the warp-specialisation pass
-    # fails to compile a kernel with a second key loop, a dot outside the loop or a pointer-loaded Q, and does
-    # not partition a loop with a branch in it; 3-D descriptors with
-    # reshaped tiles compile but hang on the H200.)
+    # All key blocks of the band run in one loop. (Triton 3.6, sm90: the warp-specialisation pass fails to
+    # compile a kernel with a second key loop, a dot outside the loop, a pointer-loaded Q, dropout or
+    # segment ids, and leaves a loop with a branch in it unpartitioned; 3-D descriptors with reshaped
+    # tiles compile but hang on the H200.)
     USE_TMA: tl.constexpr = TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM)
     k_desc = k_base
     v_desc = v_base
@@ -186,26 +190,31 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
         TMA_MASKED: tl.constexpr = BANDED or SEGMENTS or not KEYS_EVEN
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col, start, end,
                                    end, end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
-                                   sm_scale, softcap, slope, q_ids, KSeg, b, seed, MASKED=TMA_MASKED, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
-                                   BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
+                                   sm_scale, softcap, slope, q_ids, KSeg, b, seed, MASKED=TMA_MASKED,
+                                   STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
+                                   BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
                                    ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2,
                                    TMA=True, WARP_SPECIALIZE=WARP_SPECIALIZE, POSITIONS=POSITIONS)
     else:
-        # key blocks every row sees, unmasked; then those at the band's edges, masked (one loop, both spans)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col, full_start, full_end,
-                                   full_end, full_end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
-                                   sm_scale, softcap, slope, q_ids, KSeg, b, seed, MASKED=False, STRIDE_KV=STRIDE_KV,
-                                   HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                                   SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                                   P8_LOG2=P8_LOG2,
-                                   TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col, start, full_start,
-                                   full_end, end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
-                                   sm_scale, softcap, slope, q_ids, KSeg, b, seed, MASKED=True, STRIDE_KV=STRIDE_KV,
-                                   HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                                   SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                                   P8_LOG2=P8_LOG2,
-                                   TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS)
+        # key blocks every row sees, unmasked, and those at the band's edges, masked (one loop, both spans);
+        # EDGES_FIRST: the masked ones first
+        for i in tl.static_range(2):
+            if (i == 0) == EDGES_FIRST:
+                acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col,
+                                           start, full_start, full_end, end, start_m, seq_q, seq_k, lo_off, hi_off,
+                                           diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
+                                           MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                                           BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
+                                           ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
+                                           P8_LOG2=P8_LOG2, TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS)
+            else:
+                acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col,
+                                           full_start, full_end, full_end, full_end, start_m, seq_q, seq_k, lo_off,
+                                           hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
+                                           MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                                           BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
+                                           ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
+                                           P8_LOG2=P8_LOG2, TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS)
 
     # rows that saw no key: output 0, lse -inf
     empty = l_i == 0.0
