@@ -71,6 +71,10 @@ def _hip(arch):
         "keys_last": _KEYS_LAST,
     }
     if arch == "gfx942":
+        # dK/dV at D 65-128: 32x32 MFMAs (triton 3.9, per wave per 32 x 128 tile, fp16 / bf16: 444-579
+        # instructions against 445-596 with 16x16, with dropout 964-1080 against 1247-1374, no spills), at
+        # the price of 1.5x the load bytes per lane (192 against 128); at D 64 16x16 stays (379-507 vs 447-575)
+        rows["dkdv"] = [dict(rows["dkdv"][0], max_block_d=64)] + _with(rows["dkdv"], 128, matrix_instr_nonkdim=32)
         # fp8 (e4m3fnuz) at D 128: half the bytes per tile, so 64 keys fit (215-224 VGPRs; 263 instructions
         # per wave per 64 keys against 2 x 177 with 32)
         rows["fwd+fp8"] = _with(fwd, 128, BLOCK_N=64)

@@ -152,7 +152,7 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     # batch element (rows b * seq ... (b + 1) * seq - 1 of a (batch * seq, heads * D) view): a block's
     # rows past the end arrive as zeros, never the next element's rows. (The base is the tensor's, not
     # the element's: on the H200, Triton 3.6, descriptors based at the element's row 0 gave wrong
-    # outputs under warp specialisation, .gpu bisection.)
+    # outputs under warp specialisation: benchmarks/hopper_ws_bisect.py.)
     # All key blocks of the band run in one loop. (Triton 3.6, sm90: the warp-specialisation pass fails to
     # compile a kernel with a second key loop, a dot outside the loop, a pointer-loaded Q, dropout or
     # segment ids, and leaves a loop with a branch in it unpartitioned; 3-D descriptors with reshaped

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import triton.backends.amd.compiler as hip
 from jax_triton import triton_lib
 
-from jax_flash_amd import _config_choice, _triton
+from jax_flash_amd import _config_choice, _dispatch, _triton
 from jax_flash_amd._dispatch import Options, flash_attention
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
@@ -131,6 +131,10 @@ def main():
     _install_stand_ins("unset")
     for arch in archs:
         triton_lib.triton_kernel_call_lib.get_arch_details = lambda device, a=arch: f"{a}:sramecc+:xnack-"
+        # a process sees one device arch; this one lowers several in turn, so nothing traced for the
+        # previous arch (the kernel calls cached per options, jax's trace caches) may be reused
+        _dispatch._kernel_calls.cache_clear()
+        jax.clear_caches()
         # D 128 bf16 causal; D 64 fp16 non-causal with every variant: grouped-query heads (4 query,
         # 2 key/value), a sliding window, softcap, ALiBi, dropout and segment ids
         for head_dim, dtype, causal, kv_heads in ((128, jnp.bfloat16, True, 4), (64, jnp.float16, False, 2)):
