@@ -1,13 +1,16 @@
 """Every Hopper (sm90) forward config row that moves tiles through TMA descriptors, shipped or a tuning
 candidate, run on the GPU against float64 (ragged and whole blocks, two batch elements, the variants that
 take the path): some TMA / warp-specialised tiles of Triton 3.6 compute NaN or hang, so none may ship
-unchecked (GPU only). On any machine: which calls may take those rows (_launch._takes_tma)."""
+unchecked (GPU only). In Triton's interpreter (CPU): the TMA code path itself, at interpreter-sized
+tiles, against float64. On any machine: which calls may take those rows (_launch._takes_tma)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import oracle
+import os
+
 from helpers import ON_GPU, assert_close, inputs, run as run_impl
 from jax_flash_amd import _launch, _triton
 from jax_flash_amd._config_choice import pick_config
@@ -56,6 +59,37 @@ def test_every_sm90_row(row, dtype, causal, seq, variant):
     assert np.isfinite(np.asarray(out, np.float32)).all()
     base = run_impl("xla", q, k, v, dout, dlse, causal=causal, softcap=softcap, alibi_slopes=slopes)
     assert_close(got, ref, base, dtype, names=("out", "lse"))
+
+
+# the TMA path at interpreter-sized tiles: ragged and whole blocks, a batch element's last block next to
+# the following element's rows, cross attention (bottom-right causal), windows and every variant it takes
+TMA_INTERPRET_ROW = dict(max_block_d=512, BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, TMA=True,
+                         WARP_SPECIALIZE=True)
+TMA_CASES = {
+    "ragged": dict(sq=45, sk=45), "whole": dict(sq=48, sk=48), "whole-causal": dict(sq=48, sk=48, causal=True),
+    "cross-causal": dict(sq=37, sk=53, causal=True), "window": dict(sq=45, sk=45, window=(9, 4)),
+    "left-window": dict(sq=45, sk=45, window=(7, -1)), "softcap": dict(sq=45, sk=45, causal=True, softcap=5.0),
+    "alibi": dict(sq=45, sk=45, alibi=True), "gqa": dict(sq=45, sk=45, causal=True, h_kv=1),
+}
+
+
+@pytest.mark.parametrize("case", list(TMA_CASES))
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
+def test_tma_path_in_the_interpreter(case, dtype):
+    from jax_flash_amd import _interpret
+    _interpret.check_available()  # what the public API does first (it also mends the interpreter's bf16)
+    c = {**dict(causal=False, window=(-1, -1), softcap=0.0, alibi=False, h_kv=2), **TMA_CASES[case]}
+    b, h, d = 3, 2, 32
+    q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), dtype, seed=7)
+    slopes = jnp.asarray([[0.3, 0.1]] * b, jnp.float32) if c["alibi"] else None
+    statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]), softcap=c["softcap"])
+    out, lse2 = _launch.forward(_interpret.run, "interpret", q, k, v, Operands(slopes=slopes), statics=statics,
+                                rows={"fwd": TMA_INTERPRET_ROW})
+    kw = dict(causal=c["causal"], softcap=c["softcap"])
+    ref = oracle.attention(q, k, v, dout, window=c["window"], alibi=slopes, **kw)
+    base = run_impl("xla", q, k, v, dout, dlse, window_size=c["window"], alibi_slopes=slopes, **kw)
+    assert_close(dict(out=out, lse=lse2 * np.log(2)), ref, base, dtype, names=("out", "lse"))
 
 
 @pytest.mark.parametrize("case, takes", [
