@@ -130,11 +130,18 @@ def _kind(q, k, statics: Statics) -> str:
 
 
 def _takes_tma(q, statics: Statics, extras: Operands) -> bool:
-    """Whether a call may take the forward's TMA rows (sm90, kernels/fwd.py): 16-bit inputs with a
+    """Whether a call may take the TMA rows (sm90, kernels/fwd.py and bwd.py): 16-bit inputs with a
     power-of-two head (whole-tile descriptors), without dropout or segment ids (Triton 3.6's
     warp-specialisation pass fails to compile those loops). Others take the target's pointer rows."""
     return (jnp.dtype(q.dtype).itemsize == 2 and block_d(q.shape[3], q.dtype) == q.shape[3]
             and statics.dropout_p == 0 and extras.q_segment_ids is None)
+
+
+def _dkdv_takes_tma(q, statics: Statics, extras: Operands) -> bool:
+    """_takes_tma, and what the dK/dV kernel's 1-D descriptors over lse and delta ((batch, heads, seq_q)
+    float32) need: every block to start 16-byte aligned (seq_q a multiple of 4) at an int32 coordinate."""
+    b, sq, h, _ = q.shape
+    return _takes_tma(q, statics, extras) and sq % 4 == 0 and b * h * sq < 2 ** 31
 
 
 def keys_last(run: Run, target: str, v):
@@ -185,7 +192,7 @@ def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Oper
     scalars, constexprs = _common(q, k, statics)
     kind = _kind(q, k, statics)
     # dQ first: it writes delta (b, h, seq_q), which the dK/dV kernel reads
-    blocks, options = pick_config(target, "dq", d, q.dtype, rows, kind)
+    blocks, options = pick_config(target, "dq", d, q.dtype, rows, kind, tma=_takes_tma(q, statics, extras))
     dq, delta = run(_launch(
         bwd.attn_bwd_dq, grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
         inputs=dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, blocks["BLOCK_M"]), Out=out, dOut=dout,
@@ -194,8 +201,10 @@ def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Oper
         constexprs={**constexprs, **blocks},
         options=options, extras=extras,
     ))
-    blocks, options = pick_config(target, "dkdv", d, q.dtype, rows, kind)
+    blocks, options = pick_config(target, "dkdv", d, q.dtype, rows, kind, tma=_dkdv_takes_tma(q, statics, extras))
     blocks = {"SPLIT": False, **blocks}
+    if blocks.get("TMA"):  # kernels/bwd.py: the TMA loop goes unmasked when every block is whole
+        blocks["QUERIES_EVEN"] = sq % blocks["BLOCK_M"] == 0 and sk % blocks["BLOCK_N"] == 0
     dk, dv = run(_launch(
         # one program per key/value head; SPLIT: one for dV, one for dK
         bwd.attn_bwd_dkdv, grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2], 2 if blocks["SPLIT"] else 1),

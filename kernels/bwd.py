@@ -11,6 +11,8 @@ program owns one key/value head and sums over the H // KV_H query heads that rea
 still no atomics).
 Dropout (dropout.py) regenerates the forward's keep mask: with Pd = P * keep * keep_scale,
 dV = Pd^T dO and dS = P * (keep * keep_scale * dO V^T - delta).
+Hopper (TMA config rows): dQ reads K and V through TMA descriptors; dK/dV reads every tile through them and
+runs its query blocks in one warp-specialised loop (_dkdv_tma_program).
 """
 import triton
 import triton.language as tl
@@ -22,10 +24,50 @@ from .scores import scores
 
 
 @triton.jit
-def _lse2(Lse, row0, offs_m, seq_q):
-    """lse in base 2 (as the forward stores it), [BM] fp32: +inf for rows that see no key, so their P is 0."""
-    lse = tl.load(Lse + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
+def _seen(lse):
+    """lse (base 2, as the forward stores it) with +inf for rows that see no key, so their P is 0."""
     return tl.where(lse == float("-inf"), float("inf"), lse)
+
+
+@triton.jit
+def _lse2(Lse, row0, offs_m, seq_q):
+    """_seen lse of rows offs_m, [BM] fp32."""
+    return _seen(tl.load(Lse + row0 + offs_m, mask=offs_m < seq_q, other=0.0))
+
+
+@triton.jit
+def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, start_m, start_n, seq_q, seq_k, lo_off,
+               hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed, q_ids, k_ids, keep_scale,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
+               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
+               POSITIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, LOAD_DELTA: tl.constexpr):
+    """One query block's share of dk / dv (q, do [BM, BD], lse2 (_seen) loaded). delta [BM] comes loaded,
+    or LOAD_DELTA: from Delta + row0 here, after dV's product (in that order AMD's loop is up to 6 %
+    shorter, amd_report)."""
+    s_t, scale2, dlogit_t = scores(tl.dot(k, tl.trans(q), input_precision="ieee"), offs_m[None, :],
+                                   offs_n[:, None], q_ids[None, :], k_ids[:, None], seq_q, seq_k, lo_off, hi_off,
+                                   diag, sm_scale, softcap, slope, MASKED=MASKED, BANDED=BANDED,
+                                   SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP, ALIBI=ALIBI)  # [BN, BM]
+    p_t = tl.math.exp2(s_t * scale2 - lse2[None, :])
+    if DROP_THRESHOLD > 0:
+        kept_t = keep(seed, start_m + pos_q, start_n + pos_k, DROP_THRESHOLD, BLOCK_M, BLOCK_N, True,
+                      ANY_START=POSITIONS)  # [BN, BM]
+    if DV:
+        if DROP_THRESHOLD > 0:
+            dv = tl.dot(tl.where(kept_t, p_t * keep_scale, 0.0).to(do.dtype), do, dv, input_precision="ieee")
+        else:
+            dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")
+    if DK:
+        if LOAD_DELTA:
+            delta = tl.load(Delta + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
+        dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")  # [BN, BM]
+        if DROP_THRESHOLD > 0:
+            dp_t = tl.where(kept_t, dp_t * keep_scale, 0.0)
+        ds_t = p_t * (dp_t - delta[None, :])
+        if SOFTCAP:
+            ds_t = ds_t * dlogit_t  # through softcap's tanh
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision="ieee")
+    return dk, dv
 
 
 @triton.jit
@@ -60,28 +102,62 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
         do = load_tile(dOut + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
         lse2 = _lse2(Lse, row0, offs_m, seq_q)
         q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS and MASKED)
-        s_t, scale2, dlogit_t = scores(tl.dot(k, tl.trans(q), input_precision="ieee"), offs_m[None, :],
-                                       offs_n[:, None], q_ids[None, :], k_ids[:, None], seq_q, seq_k, lo_off, hi_off,
-                                       diag, sm_scale, softcap, slope, MASKED=MASKED, BANDED=BANDED,
-                                       SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP, ALIBI=ALIBI)  # [BN, BM]
-        p_t = tl.math.exp2(s_t * scale2 - lse2[None, :])
-        if DROP_THRESHOLD > 0:
-            kept_t = keep(seed, start_m + pos_q, start_n + pos_k, DROP_THRESHOLD, BLOCK_M, BLOCK_N, True,
-                          ANY_START=POSITIONS)  # [BN, BM]
-        if DV:
-            if DROP_THRESHOLD > 0:
-                dv = tl.dot(tl.where(kept_t, p_t * keep_scale, 0.0).to(do.dtype), do, dv, input_precision="ieee")
-            else:
-                dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")
-        if DK:
-            delta = tl.load(Delta + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
-            dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")  # [BN, BM]
-            if DROP_THRESHOLD > 0:
-                dp_t = tl.where(kept_t, dp_t * keep_scale, 0.0)
-            ds_t = p_t * (dp_t - delta[None, :])
-            if SOFTCAP:
-                ds_t = ds_t * dlogit_t  # through softcap's tanh
-            dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision="ieee")
+        dk, dv = _dkdv_tile(dk, dv, k, v, q, do, lse2, 0.0, Delta, row0, offs_m, offs_n, start_m, start_n, seq_q,
+                            seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed, q_ids, k_ids,
+                            keep_scale, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED,
+                            SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
+                            POSITIONS=POSITIONS, DK=DK, DV=DV, LOAD_DELTA=True)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, b, h, start_m, start_n, offs_n, seq_q,
+                    seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, k_ids,
+                    H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+                    POSITIONS: tl.constexpr):
+    """_dkdv_tile of query block start_m of head h, its tiles from the descriptors (_dkdv_program)."""
+    q = q_desc.load([b * seq_q + start_m, h * HEAD_DIM])
+    do = do_desc.load([b * seq_q + start_m, h * HEAD_DIM])
+    row = (b * H + h) * seq_q + start_m
+    lse2 = _seen(lse_desc.load([row]))
+    delta = delta_desc.load([row])
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    return _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, delta_desc, 0, offs_m, offs_n, start_m, start_n, seq_q,
+                      seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, 0,
+                      tl.zeros([BLOCK_M], tl.int32), k_ids, 1.0, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                      MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=False, DROP_THRESHOLD=0,
+                      POSITIONS=POSITIONS, DK=True, DV=True, LOAD_DELTA=False)
+
+
+@triton.jit
+def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, Slopes, b, h_kv, lo, hi, start_n, offs_n, seq_q,
+              seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, k_ids, H: tl.constexpr,
+              GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+              POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """Query blocks of [lo, hi) of the GROUP query heads of h_kv (heads innermost) in one plain loop, what
+    Triton's warp-specialisation pass partitions (as the forward's TMA loop)."""
+    if GROUP == 1:
+        slope = 0.0
+        if ALIBI:
+            slope = tl.load(Slopes + b * H + h_kv)
+        for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
+            dk, dv = _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, b, h_kv, start_m, start_n,
+                                     offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
+                                     slope, k_ids, H=H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                                     BANDED=BANDED, MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS)
+    else:
+        for i in tl.range(0, tl.cdiv(hi - lo, BLOCK_M) * GROUP, warp_specialize=WARP_SPECIALIZE):
+            h = h_kv * GROUP + i % GROUP
+            slope = 0.0
+            if ALIBI:
+                slope = tl.load(Slopes + b * H + h)
+            dk, dv = _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, b, h,
+                                     lo + i // GROUP * BLOCK_M, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag,
+                                     pos_q, pos_k, sm_scale, softcap, slope, k_ids, H=H, HEAD_DIM=HEAD_DIM,
+                                     BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED,
+                                     SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS)
     return dk, dv
 
 
@@ -131,16 +207,73 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
 
 
 @triton.jit
+def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap, seq_q, seq_k,
+                      lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
+                      ALIBI: tl.constexpr, POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+                      QUERIES_EVEN: tl.constexpr):
+    """dK and dV of one key block, every tile through TMA descriptors (as the forward's: over the whole
+    tensor, bounded at the end of this batch element, so a ragged block's rows past it arrive as zeros);
+    Lse and Delta through 1-D ones (pointer loads in the loop leave it to run at ~0.8x: H200, D 128)."""
+    start_n = tl.program_id(0) * BLOCK_N
+    bh = tl.program_id(1)  # batch * KV_H
+    b = bh // KV_H
+    h_kv = bh % KV_H
+    STRIDE: tl.constexpr = H * HEAD_DIM
+    STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    k_desc = tl.make_tensor_descriptor(K, shape=[(b + 1) * seq_k, STRIDE_KV], strides=[STRIDE_KV, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V, shape=[(b + 1) * seq_k, STRIDE_KV], strides=[STRIDE_KV, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    q_desc = tl.make_tensor_descriptor(Q, shape=[(b + 1) * seq_q, STRIDE], strides=[STRIDE, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM])
+    do_desc = tl.make_tensor_descriptor(dOut, shape=[(b + 1) * seq_q, STRIDE], strides=[STRIDE, 1],
+                                        block_shape=[BLOCK_M, HEAD_DIM])
+    lse_desc = tl.make_tensor_descriptor(Lse, shape=[(b + 1) * H * seq_q], strides=[1], block_shape=[BLOCK_M])
+    delta_desc = tl.make_tensor_descriptor(Delta, shape=[(b + 1) * H * seq_q], strides=[1], block_shape=[BLOCK_M])
+    k = k_desc.load([b * seq_k + start_n, h_kv * HEAD_DIM])
+    v = v_desc.load([b * seq_k + start_n, h_kv * HEAD_DIM])
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    lo_off, hi_off, diag, pos_q, pos_k = place(Positions, b, seq_q, seq_k, lo_off, hi_off, POSITIONS)
+    begin, _, _, end = query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, QueryRanges, b, BLOCK_M, BLOCK_N, BANDED,
+                                    False)
+    # one loop (Triton 3.6's warp-specialisation pass takes no second one), masked unless no block needs it
+    dk, dv = _dkdv_tma(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, Slopes, b, h_kv, begin, end, start_n,
+                       offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
+                       tl.zeros([BLOCK_N], tl.int32), H=H, GROUP=H // KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
+                       BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=BANDED or not QUERIES_EVEN, SOFTCAP=SOFTCAP,
+                       ALIBI=ALIBI, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE)
+    kv_base = head_start(b, h_kv, seq_k, KV_H, HEAD_DIM)
+    store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, False)
+    store_tile(dV + kv_base, dv, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, False)
+
+
+@triton.jit
 def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
                   keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
-                  DROP_THRESHOLD: tl.constexpr, SPLIT: tl.constexpr, POSITIONS: tl.constexpr):
+                  DROP_THRESHOLD: tl.constexpr, SPLIT: tl.constexpr, POSITIONS: tl.constexpr,
+                  TMA: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
+                  QUERIES_EVEN: tl.constexpr = False):
     """Arguments as attn_fwd's; QueryRanges (batch, key blocks, 2): the queries that can share a segment
-    id with each key block. One program per (key block, batch * KV_H[, dV or dK where SPLIT])."""
+    id with each key block. One program per (key block, batch * KV_H[, dV or dK where SPLIT]).
+    TMA (Hopper config rows; which calls take them: jax_flash_amd/_launch.py _takes_tma): tiles through
+    TMA descriptors, WARP_SPECIALIZE splitting the query loop into producer and consumer warps;
+    QUERIES_EVEN says every query and key block is whole (the loop then runs unmasked without a band)."""
+    USE_TMA: tl.constexpr = (TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM) & (not SPLIT)
+                             & (DROP_THRESHOLD == 0) & (not SEGMENTS))
     # DK / DV must be compile-time constants (each program holds only the accumulators it needs), hence
     # one call per case
-    if not SPLIT:
+    if USE_TMA:
+        _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap, seq_q,
+                          seq_k, lo_off, hi_off, dK, dV, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
+                          BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS,
+                          WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN)
+    elif not SPLIT:
         _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
                       keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=True, H=H, KV_H=KV_H,
                       HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
@@ -161,19 +294,26 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, lo2, hi2, start_m, seq_q, seq_k, lo_off, hi_off,
-              diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
-              STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
-              ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr):
-    """Key blocks of [lo, hi) then [lo2, hi2); diag, pos_q, pos_k: masking.place."""
+def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, kv_row, kv_col, lo, hi, lo2, hi2, start_m,
+              seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
+              keep_scale, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
+              SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
+              POSITIONS: tl.constexpr, TMA: tl.constexpr):
+    """Key blocks of [lo, hi) then [lo2, hi2); diag, pos_q, pos_k: masking.place. TMA: K and V tiles from
+    k_desc / v_desc at (kv_row + start_n, kv_col) (zeros past the batch element's keys), else from
+    k_base / v_base."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
         start_n = span_block(i, lo, hi, lo2, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = load_tile(k_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
-        v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
+        if TMA:
+            k = k_desc.load([kv_row + start_n, kv_col])
+            v = v_desc.load([kv_row + start_n, kv_col])
+        else:
+            k = load_tile(k_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
+            v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
         k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS and MASKED)
         s, scale2, dlogit = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), offs_m[:, None], offs_n[None, :],
                                    q_ids[:, None], k_ids[None, :], seq_q, seq_k, lo_off, hi_off, diag, sm_scale,
@@ -197,9 +337,10 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, d
                 keep_scale, seq_q, seq_k, lo_off, hi_off, dQ, Delta, H: tl.constexpr, KV_H: tl.constexpr,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
-                DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr):
+                DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr, TMA: tl.constexpr = False):
     """Arguments as attn_fwd's. Also writes Delta (delta above) for the dK/dV kernel, which runs after:
-    the dQ program holds dO anyway, so this saves a pass over O and dO."""
+    the dQ program holds dO anyway, so this saves a pass over O and dO. TMA (Hopper config rows): K and V
+    tiles through TMA descriptors (as the forward's), 16-bit inputs with power-of-two heads."""
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // H
@@ -229,19 +370,29 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, d
     q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
     seed = load_seed(Seeds, bh, DROP_THRESHOLD)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
+    USE_TMA: tl.constexpr = TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM)
+    k_desc = K
+    v_desc = V
+    kv_row = b * seq_k
+    kv_col = (h // (H // KV_H)) * HEAD_DIM
+    if USE_TMA:
+        k_desc = tl.make_tensor_descriptor(K, shape=[kv_row + seq_k, STRIDE_KV], strides=[STRIDE_KV, 1],
+                                           block_shape=[BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(V, shape=[kv_row + seq_k, STRIDE_KV], strides=[STRIDE_KV, 1],
+                                           block_shape=[BLOCK_N, BLOCK_D])
     # the band's edges (masked) first, then the key blocks every row sees (unmasked): in this order the
     # unmasked loop keeps its K and V buffer descriptors in SGPRs (the other way round, LLVM re-copied
     # 4 descriptor words into place every iteration: AMD, issue 23)
-    dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, start, full_start, full_end, end,
-                   start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg,
-                   b, seed, keep_scale,
+    dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, k_desc, v_desc, kv_row, kv_col, start,
+                   full_start, full_end, end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
+                   sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
                    MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS)
-    dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, full_start, full_end, full_end, full_end,
-                   start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg,
-                   b, seed, keep_scale,
+                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=USE_TMA)
+    dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, k_desc, v_desc, kv_row, kv_col, full_start,
+                   full_end, full_end, full_end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
+                   sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
                    MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS)
+                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=USE_TMA)
     store_tile(dQ + q_base, dq * sm_scale, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, BLOCK_D != HEAD_DIM)

@@ -147,14 +147,31 @@ _CUDA_TARGET = {
 # stages and 128 x 128 x 3 at D 64: NaN (Triton 3.6). D 64: the pointer row stays (0.89-0.92 vs 0.74-0.91).
 _SM90_FWD_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2, TMA=True,
                      WARP_SPECIALIZE=True)
-_SM90_TARGET = {**_CUDA_TARGET, "fwd": [_CUDA["fwd"][0], _SM90_FWD_TMA] + _CUDA["fwd"][1:]}
+# Backward, D 128, bf16, H200, per kernel (standalone prototypes of the same loops, 4 x 4096 x 16 / 1 x 16384
+# x 16, non-causal; causal): dK/dV 64 x 128 x 4 warps x 2 stages with every tile through TMA and the query
+# loop warp-specialised 1.63 / 6.62 ms (0.96 / 3.59) against 2.30 / 9.57 (1.22 / 4.27) for the pointer row's
+# tiles; with lse and delta pointer-loaded in the loop 2.00 / 7.71; 8 warps is not specialised (2.60);
+# 128 x 128 and 64 x 64 2-3x slower. dQ: K and V through TMA without warp specialisation 1.33 / 5.37 ms
+# against 1.42 / 5.96 (warp-specialised 64 x 64: 2.31, 128-query tiles fail to compile in Triton 3.6).
+_SM90_DKDV_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2, TMA=True,
+                      WARP_SPECIALIZE=True)
+_SM90_DQ_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, TMA=True)
+# D 64 stays on the pointer rows for now. Prototypes (4 x 4096 x 32): dQ through TMA 64 x 64 x 4 x 3 1.26 ms
+# (causal 0.80) against 1.47 (1.01) for the pointer row's tiles, dK/dV through TMA + WS 128 x 128 2.07 against
+# 2.38 (causal 1.41 against 1.33); not yet run through tests/test_sm90.py on the GPU, so not shipped.
+_SM90_TARGET = {**_CUDA_TARGET, "fwd": [_CUDA["fwd"][0], _SM90_FWD_TMA] + _CUDA["fwd"][1:],
+                "dkdv": [_CUDA["dkdv"][0], _SM90_DKDV_TMA] + _CUDA["dkdv"][1:],
+                # grouped heads: the same row (32 query / 8 key-value heads: backward 0.96-0.97x MHA's, H200)
+                "dkdv+gqa": [_CUDA["dkdv"][0], _SM90_DKDV_TMA] + _CUDA_TARGET["dkdv+gqa"][1:],
+                "dq": [_CUDA["dq"][0], _SM90_DQ_TMA] + _CUDA["dq"][1:]}
 
 
 TARGETS = {
     # NVIDIA sm80 and later (H100/H200 measured)
     "cuda": _CUDA_TARGET,
-    # Hopper (sm90: H100/H200): the CUDA rows, but a 16-bit forward at D 65-128 through TMA descriptors
-    # with warp specialisation (kernels/fwd.py). tests/test_sm90.py runs every TMA row on the GPU.
+    # Hopper (sm90: H100/H200): the CUDA rows, but 16-bit calls at D 65-128 through TMA descriptors, the
+    # forward and dK/dV with warp specialisation (kernels/fwd.py, bwd.py). tests/test_sm90.py runs every
+    # TMA row on the GPU.
     "sm90": _SM90_TARGET,
     "gfx90a": _hip("gfx90a"),  # MI200: 64 KiB LDS
     "gfx942": _hip("gfx942"),  # MI300: 64 KiB LDS
@@ -231,9 +248,23 @@ _CUDA_CANDIDATES = {
            + _rows(512, [(32, 16, 4, 1), (16, 16, 4, 1)])),
 }
 
+
+def _with_tma(rows, tma_rows):
+    """Candidates with the TMA rows first, each in place of the last row of its width where that has 8
+    already (autotuning times at most 8 per width)."""
+    rows = list(rows)
+    for tma in tma_rows:
+        same = [r for r in rows if r["max_block_d"] == tma["max_block_d"] and "max_itemsize" not in r]
+        if len(same) >= 8:
+            rows.remove(same[-1])
+    return tma_rows + rows
+
+
 CANDIDATES = {
     "cuda": _CUDA_CANDIDATES,
-    "sm90": {**_CUDA_CANDIDATES, "fwd": [_SM90_FWD_TMA] + _CUDA_CANDIDATES["fwd"]},
+    "sm90": {**_CUDA_CANDIDATES, "fwd": _with_tma(_CUDA_CANDIDATES["fwd"], [_SM90_FWD_TMA]),
+             "dkdv": _with_tma(_CUDA_CANDIDATES["dkdv"], [_SM90_DKDV_TMA]),
+             "dq": _with_tma(_CUDA_CANDIDATES["dq"], [_SM90_DQ_TMA])},
     "gfx90a": _hip_candidates(),
     "gfx942": _hip_candidates(),
     "gfx950": _hip_candidates(),

@@ -1,7 +1,7 @@
-"""Every Hopper (sm90) forward config row that moves tiles through TMA descriptors, shipped or a tuning
-candidate, run on the GPU against float64 (ragged and whole blocks, two batch elements, the variants that
-take the path): some TMA / warp-specialised tiles of Triton 3.6 compute NaN or hang, so none may ship
-unchecked (GPU only). In Triton's interpreter (CPU): the TMA code path itself, at interpreter-sized
+"""Every Hopper (sm90) config row (forward, dK/dV, dQ) that moves tiles through TMA descriptors, shipped
+or a tuning candidate, run on the GPU against float64 (ragged and whole blocks, two batch elements, the
+variants that take the path): some TMA / warp-specialised tiles of Triton 3.6 compute NaN or hang, so none
+may ship unchecked (GPU only). In Triton's interpreter (CPU): the TMA code path itself, at interpreter-sized
 tiles, against float64. On any machine: which calls may take those rows (_launch._takes_tma)."""
 import jax
 import jax.numpy as jnp
@@ -18,30 +18,38 @@ from jax_flash_amd.operands import Operands
 from jax_flash_amd.kernels import configs
 from jax_flash_amd.rules import Band
 
-ROWS = [r for r in configs.TARGETS["sm90"]["fwd"] + configs.CANDIDATES["sm90"]["fwd"] if r.get("TMA")]
-ROWS = [r for i, r in enumerate(ROWS) if r not in ROWS[:i]]
+KERNELS = ("fwd", "dkdv", "dq")
+ROWS = []  # (kernel, row)
+for _kernel in KERNELS:
+    for _row in configs.TARGETS["sm90"][_kernel] + configs.CANDIDATES["sm90"][_kernel]:
+        if _row.get("TMA") and (_kernel, _row) not in ROWS:
+            ROWS.append((_kernel, _row))
 
 
-def _id(row):
-    return f"d{row['max_block_d']}-{row['BLOCK_M']}x{row['BLOCK_N']}-w{row['num_warps']}-s{row['num_stages']}" + (
-        "-ws" if row.get("WARP_SPECIALIZE") else "")
+def _id(kernel_row):
+    kernel, row = kernel_row
+    return (f"{kernel}-d{row['max_block_d']}-{row['BLOCK_M']}x{row['BLOCK_N']}-w{row['num_warps']}"
+            f"-s{row['num_stages']}" + ("-ws" if row.get("WARP_SPECIALIZE") else ""))
 
 
 VARIANTS = {"plain": {}, "softcap": dict(softcap=20.0), "alibi": {}, "gqa": {}}
 
 
-@pytest.mark.parametrize("row", ROWS, ids=_id)
+@pytest.mark.parametrize("kernel_row", ROWS, ids=_id)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("seq", [300, 256], ids=["ragged", "whole"])  # 256: the unmasked loop (KEYS_EVEN)
+# 256: the unmasked loops (KEYS_EVEN, QUERIES_EVEN)
+@pytest.mark.parametrize("seq", [300, 256], ids=["ragged", "whole"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-def test_every_sm90_row(row, dtype, causal, seq, variant):
+def test_every_sm90_row(kernel_row, dtype, causal, seq, variant):
+    """The row runs its kernel (the others their defaults) in a forward and a backward against float64."""
     if _triton.target() != "sm90":
         pytest.skip("needs a Hopper GPU")
     if variant != "plain" and (dtype != jnp.bfloat16 or seq != 300):
         pytest.skip("variants: bf16, ragged")
+    kernel, row = kernel_row
     d = row["max_block_d"]
     b, h = 2, 4
     h_kv = 2 if variant == "gqa" else h
@@ -52,24 +60,35 @@ def test_every_sm90_row(row, dtype, causal, seq, variant):
     statics = _launch.Statics(d ** -0.5, Band.of(causal, (-1, -1), seq, seq), softcap=softcap)
     extras = Operands(slopes=slopes)
     run, target = _triton.run, _triton.target()
-    out, lse2 = jax.jit(lambda q, k, v, e: _launch.forward(run, target, q, k, v, e, statics=statics,
-                                                           rows={"fwd": row}))(q, k, v, extras)
-    ref = oracle.attention(q, k, v, dout, causal=causal, softcap=softcap, alibi=slopes)
-    got = dict(out=out, lse=lse2 * np.log(2))
-    assert np.isfinite(np.asarray(out, np.float32)).all()
+
+    def fwd_bwd(q, k, v, dout, dlse, e):
+        out, lse2 = _launch.forward(run, target, q, k, v, e, statics=statics, rows={kernel: row})
+        grads = _launch.backward(run, target, q, k, v, out, lse2, dout, dlse, e, statics=statics, rows={kernel: row})
+        return dict(out=out, lse=lse2 * np.log(2), **dict(zip(("dq", "dk", "dv"), grads)))
+
+    got = jax.jit(fwd_bwd)(q, k, v, dout, dlse, extras)
+    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, softcap=softcap, alibi=slopes)
+    for name, x in got.items():
+        assert np.isfinite(np.asarray(x, np.float32)[np.isfinite(ref[name])]).all(), name
     base = run_impl("xla", q, k, v, dout, dlse, causal=causal, softcap=softcap, alibi_slopes=slopes)
-    assert_close(got, ref, base, dtype, names=("out", "lse"))
+    assert_close(got, ref, base, dtype)
 
 
 # the TMA path at interpreter-sized tiles: ragged and whole blocks, a batch element's last block next to
 # the following element's rows, cross attention (bottom-right causal), windows and every variant it takes
 TMA_INTERPRET_ROW = dict(max_block_d=512, BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, TMA=True,
                          WARP_SPECIALIZE=True)
+TMA_INTERPRET_ROWS = {"fwd": TMA_INTERPRET_ROW, "dq": dict(TMA_INTERPRET_ROW, BLOCK_M=32),
+                      "dkdv": dict(TMA_INTERPRET_ROW, BLOCK_N=32)}
+# (dK/dV takes its TMA path where seq_q is a multiple of 4: _launch._dkdv_takes_tma; "cross-causal" and
+# "ragged-odd" run its pointer path after the TMA forward and dQ)
 TMA_CASES = {
-    "ragged": dict(sq=45, sk=45), "whole": dict(sq=48, sk=48), "whole-causal": dict(sq=48, sk=48, causal=True),
-    "cross-causal": dict(sq=37, sk=53, causal=True), "window": dict(sq=45, sk=45, window=(9, 4)),
-    "left-window": dict(sq=45, sk=45, window=(7, -1)), "softcap": dict(sq=45, sk=45, causal=True, softcap=5.0),
-    "alibi": dict(sq=45, sk=45, alibi=True), "gqa": dict(sq=45, sk=45, causal=True, h_kv=1),
+    "ragged": dict(sq=44, sk=44), "ragged-odd": dict(sq=45, sk=45), "whole": dict(sq=64, sk=64),
+    "whole-causal": dict(sq=64, sk=64, causal=True), "cross-causal": dict(sq=37, sk=53, causal=True),
+    "cross": dict(sq=36, sk=52), "window": dict(sq=44, sk=44, window=(9, 4)),
+    "left-window": dict(sq=44, sk=44, window=(7, -1)), "softcap": dict(sq=44, sk=44, causal=True, softcap=5.0),
+    "alibi": dict(sq=44, sk=44, alibi=True), "gqa": dict(sq=44, sk=44, causal=True, h_kv=1),
+    "gqa-alibi": dict(sq=44, sk=44, alibi=True, h_kv=1),
 }
 
 
@@ -84,27 +103,33 @@ def test_tma_path_in_the_interpreter(case, dtype):
     q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), dtype, seed=7)
     slopes = jnp.asarray([[0.3, 0.1]] * b, jnp.float32) if c["alibi"] else None
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]), softcap=c["softcap"])
-    out, lse2 = _launch.forward(_interpret.run, "interpret", q, k, v, Operands(slopes=slopes), statics=statics,
-                                rows={"fwd": TMA_INTERPRET_ROW})
+    extras = Operands(slopes=slopes)
+    out, lse2 = _launch.forward(_interpret.run, "interpret", q, k, v, extras, statics=statics, rows=TMA_INTERPRET_ROWS)
+    dq, dk, dv = _launch.backward(_interpret.run, "interpret", q, k, v, out, lse2, dout, dlse, extras,
+                                  statics=statics, rows=TMA_INTERPRET_ROWS)
     kw = dict(causal=c["causal"], softcap=c["softcap"])
-    ref = oracle.attention(q, k, v, dout, window=c["window"], alibi=slopes, **kw)
+    ref = oracle.attention(q, k, v, dout, dlse, window=c["window"], alibi=slopes, **kw)
     base = run_impl("xla", q, k, v, dout, dlse, window_size=c["window"], alibi_slopes=slopes, **kw)
-    assert_close(dict(out=out, lse=lse2 * np.log(2)), ref, base, dtype, names=("out", "lse"))
+    assert_close(dict(out=out, lse=lse2 * np.log(2), dq=dq, dk=dk, dv=dv), ref, base, dtype)
 
 
 @pytest.mark.parametrize("case, takes", [
-    ("plain", True), ("dropout", False), ("segments", False), ("d96", False), ("float32", False)])
+    ("plain", True), ("dropout", False), ("segments", False), ("d96", False), ("float32", False), ("odd-seq", True)])
 def test_which_calls_take_the_tma_rows(case, takes):
-    """sm90's forward rows with TMA serve 16-bit, power-of-two heads without dropout or segment ids; other
-    calls get the pointer rows (the TMA loop does not compile with those, or needs whole-tile heads)."""
+    """sm90's rows with TMA serve 16-bit, power-of-two heads without dropout or segment ids; other calls
+    get the pointer rows (the TMA loops do not compile with those, or need whole-tile heads). dK/dV's also
+    needs seq_q a multiple of 4 (its lse / delta descriptors)."""
     d = 96 if case == "d96" else 128
     dtype = jnp.float32 if case == "float32" else jnp.bfloat16
-    q = jnp.zeros((1, 256, 2, d), dtype)
-    statics = _launch.Statics(d ** -0.5, Band.of(True, (-1, -1), 256, 256),
+    seq = 255 if case == "odd-seq" else 256
+    q = jnp.zeros((1, seq, 2, d), dtype)
+    statics = _launch.Statics(d ** -0.5, Band.of(True, (-1, -1), seq, seq),
                               dropout_p=0.1 if case == "dropout" else 0.0)
-    ids = jnp.zeros((1, 256), jnp.int32) if case == "segments" else None
+    ids = jnp.zeros((1, seq), jnp.int32) if case == "segments" else None
     extras = Operands(q_segment_ids=ids, kv_segment_ids=ids)
     assert _launch._takes_tma(q, statics, extras) == takes
-    blocks, _ = pick_config("sm90", "fwd", d, dtype, kind=_launch._kind(q, q, statics),
-                            tma=_launch._takes_tma(q, statics, extras))
-    assert bool(blocks.get("TMA")) == takes
+    assert _launch._dkdv_takes_tma(q, statics, extras) == (takes and case != "odd-seq")
+    for kernel, rule in (("fwd", _launch._takes_tma), ("dq", _launch._takes_tma), ("dkdv", _launch._dkdv_takes_tma)):
+        blocks, _ = pick_config("sm90", kernel, d, dtype, kind=_launch._kind(q, q, statics),
+                                tma=rule(q, statics, extras))
+        assert bool(blocks.get("TMA")) == rule(q, statics, extras), kernel
