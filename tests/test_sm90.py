@@ -113,6 +113,33 @@ def test_tma_path_in_the_interpreter(case, dtype):
     assert_close(dict(out=out, lse=lse2 * np.log(2), dq=dq, dk=dk, dv=dv), ref, base, dtype)
 
 
+@pytest.mark.parametrize("case", ["causal-window-alibi", "gqa-causal"])
+@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
+def test_tma_path_as_a_block_of_a_larger_call(case):
+    """With Operands.positions (a ring-attention step: tests/test_positions.py checks the pointer path
+    against the larger call), the TMA forward and backward equal the pointer kernels."""
+    from jax_flash_amd import _interpret
+    _interpret.check_available()
+    sq, sk, h = 24, 40, 2
+    h_kv = 1 if "gqa" in case else h
+    q, k, v, dout, dlse = inputs((1, sq, h, 32), (1, sk, h_kv, 32), jnp.float16, seed=3)
+    band = Band.of(True, (20, 0) if "window" in case else (-1, -1), 80, 96)  # the larger call's band
+    extras = Operands(positions=jnp.array([[32, 16, 96 - 80]], jnp.int32),
+                      slopes=jnp.array([[0.2, 0.45]], jnp.float32) if "alibi" in case else None)
+    statics = _launch.Statics(0.3, band)
+
+    def grads(rows):
+        out, lse2 = _launch.forward(_interpret.run, "interpret", q, k, v, extras, statics=statics, rows=rows)
+        return (out, lse2, *_launch.backward(_interpret.run, "interpret", q, k, v, out, lse2, dout, dlse, extras,
+                                             statics=statics, rows=rows))
+
+    for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), grads(TMA_INTERPRET_ROWS), grads(None)):
+        g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        np.testing.assert_array_equal(np.isneginf(g), np.isneginf(w), err_msg=name)
+        fin = np.isfinite(w)
+        np.testing.assert_allclose(g[fin], w[fin], atol=2e-3 * max(1.0, np.abs(w[fin]).max()), err_msg=name)
+
+
 @pytest.mark.parametrize("case, takes", [
     ("plain", True), ("dropout", False), ("segments", False), ("d96", False), ("float32", False), ("odd-seq", True)])
 def test_which_calls_take_the_tma_rows(case, takes):
