@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 
 from .dropout import keep, load_seed
-from .masking import (head_start, key_blocks, load_ids, load_tile, place, query_blocks, span_block, span_blocks,
-                      store_tile)
+from .masking import (element_tiles, head_start, key_blocks, load_ids, load_tile, place, query_blocks, span_block,
+                      span_blocks, store_tile)
 from .scores import scores
 
 
@@ -116,7 +116,7 @@ def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, b, h, s
                     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                     POSITIONS: tl.constexpr):
-    """_dkdv_tile of query block start_m of head h, its tiles from the descriptors (_dkdv_program)."""
+    """_dkdv_tile of query block start_m of head h, its tiles from the descriptors (_dkdv_tma_program)."""
     q = q_desc.load([b * seq_q + start_m, h * HEAD_DIM])
     do = do_desc.load([b * seq_q + start_m, h * HEAD_DIM])
     row = (b * H + h) * seq_q + start_m
@@ -212,9 +212,8 @@ def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
                       ALIBI: tl.constexpr, POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                       QUERIES_EVEN: tl.constexpr):
-    """dK and dV of one key block, every tile through TMA descriptors (as the forward's: over the whole
-    tensor, bounded at the end of this batch element, so a ragged block's rows past it arrive as zeros);
-    Lse and Delta through 1-D ones (pointer loads in the loop leave it to run at ~0.8x: H200, D 128)."""
+    """dK and dV of one key block, every tile through TMA descriptors (masking.element_tiles); Lse and
+    Delta through 1-D ones (pointer loads in the loop leave it to run at ~0.8x: H200, D 128)."""
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)  # batch * KV_H
     b = bh // KV_H
@@ -223,14 +222,10 @@ def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta,
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    k_desc = tl.make_tensor_descriptor(K, shape=[(b + 1) * seq_k, STRIDE_KV], strides=[STRIDE_KV, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V, shape=[(b + 1) * seq_k, STRIDE_KV], strides=[STRIDE_KV, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    q_desc = tl.make_tensor_descriptor(Q, shape=[(b + 1) * seq_q, STRIDE], strides=[STRIDE, 1],
-                                       block_shape=[BLOCK_M, HEAD_DIM])
-    do_desc = tl.make_tensor_descriptor(dOut, shape=[(b + 1) * seq_q, STRIDE], strides=[STRIDE, 1],
-                                        block_shape=[BLOCK_M, HEAD_DIM])
+    k_desc = element_tiles(K, b, seq_k, STRIDE_KV, BLOCK_N, HEAD_DIM)
+    v_desc = element_tiles(V, b, seq_k, STRIDE_KV, BLOCK_N, HEAD_DIM)
+    q_desc = element_tiles(Q, b, seq_q, STRIDE, BLOCK_M, HEAD_DIM)
+    do_desc = element_tiles(dOut, b, seq_q, STRIDE, BLOCK_M, HEAD_DIM)
     lse_desc = tl.make_tensor_descriptor(Lse, shape=[(b + 1) * H * seq_q], strides=[1], block_shape=[BLOCK_M])
     delta_desc = tl.make_tensor_descriptor(Delta, shape=[(b + 1) * H * seq_q], strides=[1], block_shape=[BLOCK_M])
     k = k_desc.load([b * seq_k + start_n, h_kv * HEAD_DIM])
@@ -376,10 +371,8 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, d
     kv_row = b * seq_k
     kv_col = (h // (H // KV_H)) * HEAD_DIM
     if USE_TMA:
-        k_desc = tl.make_tensor_descriptor(K, shape=[kv_row + seq_k, STRIDE_KV], strides=[STRIDE_KV, 1],
-                                           block_shape=[BLOCK_N, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(V, shape=[kv_row + seq_k, STRIDE_KV], strides=[STRIDE_KV, 1],
-                                           block_shape=[BLOCK_N, BLOCK_D])
+        k_desc = element_tiles(K, b, seq_k, STRIDE_KV, BLOCK_N, BLOCK_D)
+        v_desc = element_tiles(V, b, seq_k, STRIDE_KV, BLOCK_N, BLOCK_D)
     # the band's edges (masked) first, then the key blocks every row sees (unmasked): in this order the
     # unmasked loop keeps its K and V buffer descriptors in SGPRs (the other way round, LLVM re-copied
     # 4 descriptor words into place every iteration: AMD, issue 23)

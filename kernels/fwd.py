@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from .dropout import keep, load_seed
-from .masking import head_start, key_blocks, load_ids, load_tile, place, span_block, span_blocks, store_tile
+from .masking import (element_tiles, head_start, key_blocks, load_ids, load_tile, place, span_block, span_blocks,
+                      store_tile)
 from .scores import scores
 
 
@@ -148,27 +149,19 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     slope = 0.0
     if ALIBI:
         slope = tl.load(Slopes + bh)
-    # TMA (Hopper): Q, K and V through 2-D descriptors over the whole tensor, bounded at the end of this
-    # batch element (rows b * seq ... (b + 1) * seq - 1 of a (batch * seq, heads * D) view): a block's
-    # rows past the end arrive as zeros, never the next element's rows. (The base is the tensor's, not
-    # the element's: on the H200, Triton 3.6, descriptors based at the element's row 0 gave wrong
-    # outputs under warp specialisation: benchmarks/hopper_ws_bisect.py.)
-    # All key blocks of the band run in one loop. (Triton 3.6, sm90: the warp-specialisation pass fails to
-    # compile a kernel with a second key loop, a dot outside the loop, a pointer-loaded Q, dropout or
-    # segment ids, and leaves a loop with a branch in it unpartitioned; 3-D descriptors with reshaped
-    # tiles compile but hang on the H200.)
+    # TMA (Hopper): Q, K and V through masking.element_tiles descriptors. All key blocks of the band run
+    # in one loop. (Triton 3.6, sm90: the warp-specialisation pass fails to compile a kernel with a second
+    # key loop, a dot outside the loop, a pointer-loaded Q, dropout or segment ids, and leaves a loop with
+    # a branch in it unpartitioned; 3-D descriptors with reshaped tiles compile but hang on the H200.)
     USE_TMA: tl.constexpr = TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM)
     k_desc = k_base
     v_desc = v_base
     kv_col = (h // (H // KV_H)) * HEAD_DIM
     kv_row = b * seq_k
     if USE_TMA:
-        k_desc = tl.make_tensor_descriptor(K, shape=[kv_row + seq_k, STRIDE_KV], strides=[STRIDE_KV, 1],
-                                           block_shape=[BLOCK_N, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(V, shape=[kv_row + seq_k, STRIDE_KV], strides=[STRIDE_KV, 1],
-                                           block_shape=[BLOCK_N, BLOCK_D])
-        q_desc = tl.make_tensor_descriptor(Q, shape=[(b + 1) * seq_q, STRIDE], strides=[STRIDE, 1],
-                                           block_shape=[BLOCK_M, BLOCK_D])
+        k_desc = element_tiles(K, b, seq_k, STRIDE_KV, BLOCK_N, BLOCK_D)
+        v_desc = element_tiles(V, b, seq_k, STRIDE_KV, BLOCK_N, BLOCK_D)
+        q_desc = element_tiles(Q, b, seq_q, STRIDE, BLOCK_M, BLOCK_D)
         q = q_desc.load([b * seq_q + start_m, h * HEAD_DIM])
     else:
         q = load_tile(q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]

@@ -1,5 +1,6 @@
 """The one place that says what a program touches: where a (batch, head) starts, which (query, key)
-pairs are visible, which blocks need masking, and masked tile loads and stores.
+pairs are visible, which blocks need masking, masked tile loads and stores, and the TMA descriptors of a
+batch element's tiles (Hopper rows).
 
 Used by the forward and by all backward kernels. Visibility is a band around the bottom-right aligned
 diagonal (FlashAttention's convention): query i sees key j iff
@@ -30,6 +31,17 @@ def head_start(b, h, seq, H: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Element offset of row 0 of (batch b, head h) in a contiguous (batch, seq, H, HEAD_DIM) tensor;
     rows are H * HEAD_DIM apart. 64-bit: a whole tensor may exceed 2**31 elements."""
     return b.to(tl.int64) * seq * (H * HEAD_DIM) + h * HEAD_DIM
+
+
+@triton.jit
+def element_tiles(T, b, seq, ROW: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A TMA descriptor of [BLOCK_ROWS, BLOCK_D] tiles of a contiguous (batch, seq, heads, D) tensor T
+    viewed as (batch * seq, ROW = heads * D): the tile at (b * seq + i, h * D) is rows i.. of head h.
+    Bounded at the end of batch element b, so a ragged block's rows past it arrive as zeros, never the
+    next element's. Based at the tensor, not the element: on the H200 (Triton 3.6) descriptors based at
+    the element's row 0 gave wrong outputs under warp specialisation (benchmarks/hopper_ws_bisect.py)."""
+    return tl.make_tensor_descriptor(T, shape=[(b + 1) * seq, ROW], strides=[ROW, 1],
+                                     block_shape=[BLOCK_ROWS, BLOCK_D])
 
 
 @triton.jit
