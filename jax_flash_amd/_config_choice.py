@@ -7,7 +7,7 @@ from jax_flash_amd import _jax_triton_compat, fp8
 from jax_flash_amd.kernels import configs
 from jax_flash_amd.rules import Band
 
-_SELECTORS = ("max_block_d", "max_itemsize")  # configs.py: which calls a row serves
+_SELECTORS = ("max_block_d", "min_block_d", "max_itemsize")  # configs.py: which calls a row serves
 
 
 def block_d(head_dim: int, dtype=jnp.bfloat16) -> int:
@@ -24,7 +24,8 @@ def config_width(head_dim: int, dtype) -> int:
 
 def fits(row: dict, width: int, dtype) -> bool:
     """Whether a config row serves a call of this config_width and input dtype."""
-    return row["max_block_d"] >= width and jnp.dtype(dtype).itemsize <= row.get("max_itemsize", 8)
+    return (row.get("min_block_d", 0) <= width <= row["max_block_d"]
+            and jnp.dtype(dtype).itemsize <= row.get("max_itemsize", 8))
 
 
 def row_kind(band: Band, dropout_p: float = 0.0, group: int = 1, fp8_inputs: bool = False) -> str:

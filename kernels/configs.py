@@ -6,7 +6,8 @@ smaller tiles), "<kernel>+dropout" with dropout, "<kernel>+gqa" with grouped que
 with float8 inputs (jax_flash_amd/_launch.py: row_kind). A launch takes the first row whose ``max_block_d`` >=
 BLOCK_D * itemsize / 2: float32 inputs take the row of a head twice as wide, since their tiles need
 twice the registers and shared memory. A row with ``max_itemsize`` serves only inputs of at most that
-many bytes per element (float32 calls skip to the next row of the same width). Upper-case keys are the
+many bytes per element (float32 calls skip to the next row of the same width), one with ``min_block_d``
+only heads at least that wide (narrower ones go on to the next row). Upper-case keys are the
 kernel's constexprs (BLOCK_*; dK/dV's SPLIT, default False: dK and dV from separate programs), other
 lower-case ones compiler options (num_warps, num_stages; on HIP also waves_per_eu and matrix_instr_nonkdim, which need
 a jax-triton that forwards them).
@@ -156,22 +157,45 @@ _SM90_FWD_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=128, BLOCK_N=128, 
 _SM90_DKDV_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2, TMA=True,
                       WARP_SPECIALIZE=True)
 _SM90_DQ_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, TMA=True)
-# D 64 stays on the pointer rows for now. Prototypes (4 x 4096 x 32): dQ through TMA 64 x 64 x 4 x 3 1.26 ms
-# (causal 0.80) against 1.47 (1.01) for the pointer row's tiles, dK/dV through TMA + WS 128 x 128 2.07 against
-# 2.38 (causal 1.41 against 1.33); not yet run through tests/test_sm90.py on the GPU, so not shipped.
-_SM90_TARGET = {**_CUDA_TARGET, "fwd": [_CUDA["fwd"][0], _SM90_FWD_TMA] + _CUDA["fwd"][1:],
-                "dkdv": [_CUDA["dkdv"][0], _SM90_DKDV_TMA] + _CUDA["dkdv"][1:],
-                # grouped heads: the same row (32 query / 8 key-value heads: backward 0.96-0.97x MHA's, H200)
-                "dkdv+gqa": [_CUDA["dkdv"][0], _SM90_DKDV_TMA] + _CUDA_TARGET["dkdv+gqa"][1:],
-                "dq": [_CUDA["dq"][0], _SM90_DQ_TMA] + _CUDA["dq"][1:]}
+# D 33-64 (benchmarks/hopper_rows_sweep.py, H200, bf16, 32 heads, whole backward in ms against the pointer
+# rows', N 1024 / 4096 / 16384): dQ through TMA 64 x 64 x 4 x 3 1.17 / 4.10 / 15.84 vs 1.22 / 4.33 / 16.81
+# (causal 0.84 / 2.40 / 8.78 vs 0.85 / 2.51 / 8.99; 2 stages the same, 128 x 32 and 128 x 64 slower); dK/dV
+# TMA + WS 128 x 128 x 4 x 2 1.25 / 4.05 / 15.46 (causal 0.97 / 2.53 / 8.77): faster from N 4096 but for
+# causal N 4096, slower at N 1024 (causal: 15 %, the loops are 1-8 blocks long and all masked); 64 x 128 and
+# 64 / 128 x 64 slower. The D 64 forward keeps the pointer row (TMA + WS 128 x 64 / 128 x 128: 0-40 % slower).
+# D <= 32 keeps the pointer rows (not measured with TMA: min_block_d).
+_SM90_DKDV64_TMA = dict(_SM90_DKDV_TMA, max_block_d=64, min_block_d=64, BLOCK_M=128)
+_SM90_DQ64_TMA = dict(_SM90_DQ_TMA, max_block_d=64, min_block_d=64, num_stages=3)
+
+
+def _sm90(rows, *tma_rows):
+    """CUDA rows with each TMA row in front of the pointer row of its width (which serves the calls that
+    cannot take TMA: kernels/fwd.py, bwd.py)."""
+    rows = list(rows)
+    for tma in tma_rows:
+        rows.insert(next(i for i, r in enumerate(rows) if r["max_block_d"] == tma["max_block_d"]), tma)
+    return rows
+
+
+_SM90_TARGET = {**_CUDA_TARGET, "fwd": _sm90(_CUDA["fwd"], _SM90_FWD_TMA),
+                "dkdv": _sm90(_CUDA["dkdv"], _SM90_DKDV_TMA, _SM90_DKDV64_TMA),
+                # grouped heads: the same row at D 128 (32 query / 8 key-value heads: backward 0.96-0.97x MHA's,
+                # H200); D 64 not measured with GQA
+                "dkdv+gqa": _sm90(_CUDA_TARGET["dkdv+gqa"], _SM90_DKDV_TMA),
+                "dq": _sm90(_CUDA["dq"], _SM90_DQ_TMA, _SM90_DQ64_TMA),
+                # window (1024, 0), N 16384, D 128 (the variants case): backward 1.20 ms with dK/dV through
+                # TMA + WS 64 x 128, 1.22 with dQ's TMA row, 1.26 with both "+window" pointer rows; the
+                # forward's TMA row is no faster there (0.399 vs 0.397 ms: every block of a band is masked)
+                "dkdv+window": _sm90(_CUDA_TARGET["dkdv+window"], _SM90_DKDV_TMA),
+                "dq+window": _sm90(_CUDA_TARGET["dq+window"], _SM90_DQ_TMA)}
 
 
 TARGETS = {
     # NVIDIA sm80 and later (H100/H200 measured)
     "cuda": _CUDA_TARGET,
     # Hopper (sm90: H100/H200): the CUDA rows, but 16-bit calls at D 65-128 through TMA descriptors, the
-    # forward and dK/dV with warp specialisation (kernels/fwd.py, bwd.py). tests/test_sm90.py runs every
-    # TMA row on the GPU.
+    # forward and dK/dV with warp specialisation, and at D 33-64 dK/dV and dQ (kernels/fwd.py, bwd.py;
+    # which calls: jax_flash_amd/_launch.py _takes_tma). tests/test_sm90.py runs every TMA row on the GPU.
     "sm90": _SM90_TARGET,
     "gfx90a": _hip("gfx90a"),  # MI200: 64 KiB LDS
     "gfx942": _hip("gfx942"),  # MI300: 64 KiB LDS
@@ -263,8 +287,8 @@ def _with_tma(rows, tma_rows):
 CANDIDATES = {
     "cuda": _CUDA_CANDIDATES,
     "sm90": {**_CUDA_CANDIDATES, "fwd": _with_tma(_CUDA_CANDIDATES["fwd"], [_SM90_FWD_TMA]),
-             "dkdv": _with_tma(_CUDA_CANDIDATES["dkdv"], [_SM90_DKDV_TMA]),
-             "dq": _with_tma(_CUDA_CANDIDATES["dq"], [_SM90_DQ_TMA])},
+             "dkdv": _with_tma(_CUDA_CANDIDATES["dkdv"], [_SM90_DKDV64_TMA, _SM90_DKDV_TMA]),
+             "dq": _with_tma(_CUDA_CANDIDATES["dq"], [_SM90_DQ64_TMA, _SM90_DQ_TMA])},
     "gfx90a": _hip_candidates(),
     "gfx942": _hip_candidates(),
     "gfx950": _hip_candidates(),

@@ -44,7 +44,7 @@ def _decode_inner(acc, l_i, m_i, q, KCache, VCache, BlockTable, b, head_off, lo,
                   lo_off, hi_off, sm_scale, softcap, slope, capacity, max_pages, num_pages, STRIDE: tl.constexpr,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
                   PAGED: tl.constexpr, MASKED: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
-                  ALIBI: tl.constexpr):
+                  ALIBI: tl.constexpr, FP8_KV: tl.constexpr):
     """Key blocks of [lo, hi) then [lo2, hi2): the forward's online softmax (fwd.py), rows packed. Tiles of
     a float8 cache are widened to q's type (exact) in registers."""
     offs_d = tl.arange(0, BLOCK_D)
@@ -58,7 +58,8 @@ def _decode_inner(acc, l_i, m_i, q, KCache, VCache, BlockTable, b, head_off, lo,
         k = k.to(q.dtype)  # a no-op but for float8 caches
         s, scale2, _ = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), pos[:, None], offs_n[None, :], 0, 0,
                               seq_q, seq_k, lo_off, hi_off, seq_k - seq_q, sm_scale, softcap, slope, MASKED=MASKED,
-                              BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI)  # [BM, BN]
+                              BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                              POSITIVE_SCALE=not FP8_KV)  # [BM, BN]
         m_new = tl.maximum(m_i, tl.max(s, 1) * scale2)
         m_use = m_new
         if MASKED:  # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
@@ -131,11 +132,13 @@ def attn_decode(Q, KCache, VCache, BlockTable, SeqLens, Offsets, Slopes, KDescal
     acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, KCache, VCache, BlockTable, b, head_off, fs, fe, fe, fe, pos,
                                   seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, capacity, max_pages,
                                   num_pages, STRIDE=STRIDE, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-                                  PAGE=PAGE, PAGED=PAGED, MASKED=False, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+                                  PAGE=PAGE, PAGED=PAGED, MASKED=False, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                                  FP8_KV=FP8_KV)
     acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, KCache, VCache, BlockTable, b, head_off, lo, fs, fe, hi, pos,
                                   seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, capacity, max_pages,
                                   num_pages, STRIDE=STRIDE, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-                                  PAGE=PAGE, PAGED=PAGED, MASKED=True, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+                                  PAGE=PAGE, PAGED=PAGED, MASKED=True, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                                  FP8_KV=FP8_KV)
 
     empty = l_i == 0.0  # rows (or splits) that saw no key: output 0, lse -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]

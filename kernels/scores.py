@@ -50,12 +50,13 @@ def logits2(qk, q_idx, k_idx, diag, sm_scale, softcap, slope, SOFTCAP: tl.conste
 @triton.jit
 def scores(qk, q_idx, k_idx, q_ids, k_ids, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap, slope,
            MASKED: tl.constexpr, BANDED: tl.constexpr, SEGMENTS: tl.constexpr, SOFTCAP: tl.constexpr,
-           ALIBI: tl.constexpr):
+           ALIBI: tl.constexpr, POSITIVE_SCALE: tl.constexpr = True):
     """The scores step every kernel takes on a fp32 tile qk = q.k (transposed or not: q_idx / k_idx and
     the segment ids q_ids / k_ids broadcast to its shape): (s, scale2, dlogit) with s * scale2 the logits
     in base 2, -inf where the pair is invisible (MASKED: band, bounds, segments), and dlogit the
-    factor the backward applies to dS (logits2). Without softcap, ALiBi or mask, s is qk itself and
-    scale2 the scale: the callers' s * scale2 - m then compiles to one FMA per element."""
+    factor the backward applies to dS (logits2). Without softcap or ALiBi, s is qk itself (masked) and
+    scale2 the scale: the callers' s * scale2 - m then compiles to one FMA per element. POSITIVE_SCALE:
+    sm_scale is known > 0 (the API checks softmax_scale; False where fp8 descales multiply it)."""
     if SOFTCAP or ALIBI:
         s, dlogit = logits2(qk, q_idx, k_idx, diag, sm_scale, softcap, slope, SOFTCAP, ALIBI)
         scale2 = 1.0
@@ -63,8 +64,16 @@ def scores(qk, q_idx, k_idx, q_ids, k_ids, seq_q, seq_k, lo_off, hi_off, diag, s
         s = qk
         dlogit = 1.0
         scale2 = sm_scale * LOG2E
-    if MASKED:  # scaled here, where the select costs a multiply anyway
-        s = tl.where(visible(q_idx, k_idx, seq_q, seq_k, lo_off, hi_off, q_ids, k_ids, BANDED, SEGMENTS),
-                     s * scale2, float("-inf"))
-        scale2 = 1.0
+    if MASKED:
+        # unscaled where scale2 > 0 (the callers' s * scale2 - m then stays one FMA per element, and -inf
+        # stays -inf; sm90 SASS: a masked element cost FMUL, ISETP, FSEL and FADD, and the mask 16 % of the
+        # D 128 forward); scaled first where the scale comes from run-time factors (fp8 descales) whose
+        # sign or zero would turn -inf into +inf or NaN
+        if POSITIVE_SCALE:
+            s = tl.where(visible(q_idx, k_idx, seq_q, seq_k, lo_off, hi_off, q_ids, k_ids, BANDED, SEGMENTS), s,
+                         float("-inf"))
+        else:
+            s = tl.where(visible(q_idx, k_idx, seq_q, seq_k, lo_off, hi_off, q_ids, k_ids, BANDED, SEGMENTS),
+                         s * scale2, float("-inf"))
+            scale2 = 1.0
     return s, scale2, dlogit

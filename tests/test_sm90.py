@@ -32,7 +32,8 @@ def _id(kernel_row):
             f"-s{row['num_stages']}" + ("-ws" if row.get("WARP_SPECIALIZE") else ""))
 
 
-VARIANTS = {"plain": {}, "softcap": dict(softcap=20.0), "alibi": {}, "gqa": {}}
+# window: both sides bound (the "+window" rows take the TMA rows too), narrower than a block
+VARIANTS = {"plain": {}, "softcap": dict(softcap=20.0), "alibi": {}, "gqa": {}, "window": dict(window=(37, 5))}
 
 
 @pytest.mark.parametrize("kernel_row", ROWS, ids=_id)
@@ -55,9 +56,10 @@ def test_every_sm90_row(kernel_row, dtype, causal, seq, variant):
     h_kv = 2 if variant == "gqa" else h
     q, k, v, dout, dlse = inputs((b, seq, h, d), (b, seq, h_kv, d), dtype, seed=d + seq)
     softcap = VARIANTS[variant].get("softcap", 0.0)
+    window = VARIANTS[variant].get("window", (-1, -1))
     slopes = (jax.random.uniform(jax.random.key(1), (b, h), jnp.float32, 0.01, 0.5) if variant == "alibi"
               else None)
-    statics = _launch.Statics(d ** -0.5, Band.of(causal, (-1, -1), seq, seq), softcap=softcap)
+    statics = _launch.Statics(d ** -0.5, Band.of(causal, window, seq, seq), softcap=softcap)
     extras = Operands(slopes=slopes)
     run, target = _triton.run, _triton.target()
 
@@ -67,10 +69,11 @@ def test_every_sm90_row(kernel_row, dtype, causal, seq, variant):
         return dict(out=out, lse=lse2 * np.log(2), **dict(zip(("dq", "dk", "dv"), grads)))
 
     got = jax.jit(fwd_bwd)(q, k, v, dout, dlse, extras)
-    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, softcap=softcap, alibi=slopes)
+    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, window=window, softcap=softcap, alibi=slopes)
     for name, x in got.items():
         assert np.isfinite(np.asarray(x, np.float32)[np.isfinite(ref[name])]).all(), name
-    base = run_impl("xla", q, k, v, dout, dlse, causal=causal, softcap=softcap, alibi_slopes=slopes)
+    base = run_impl("xla", q, k, v, dout, dlse, causal=causal, window_size=window, softcap=softcap,
+                    alibi_slopes=slopes)
     assert_close(got, ref, base, dtype)
 
 
@@ -141,21 +144,22 @@ def test_tma_path_as_a_block_of_a_larger_call(case):
 
 
 @pytest.mark.parametrize("case, takes", [
-    ("plain", True), ("dropout", False), ("segments", False), ("d96", False), ("float32", False), ("odd-seq", True)])
+    ("plain", True), ("dropout", False), ("segments", False), ("d96", False), ("float32", False), ("odd-seq", True),
+    ("softcap", True)])
 def test_which_calls_take_the_tma_rows(case, takes):
     """sm90's rows with TMA serve 16-bit, power-of-two heads without dropout or segment ids; other calls
     get the pointer rows (the TMA loops do not compile with those, or need whole-tile heads). dK/dV's also
-    needs seq_q a multiple of 4 (its lse / delta descriptors)."""
+    needs seq_q a multiple of 4 (its lse / delta descriptors) and no softcap (it spills there)."""
     d = 96 if case == "d96" else 128
     dtype = jnp.float32 if case == "float32" else jnp.bfloat16
     seq = 255 if case == "odd-seq" else 256
     q = jnp.zeros((1, seq, 2, d), dtype)
     statics = _launch.Statics(d ** -0.5, Band.of(True, (-1, -1), seq, seq),
-                              dropout_p=0.1 if case == "dropout" else 0.0)
+                              dropout_p=0.1 if case == "dropout" else 0.0, softcap=30.0 if case == "softcap" else 0.0)
     ids = jnp.zeros((1, seq), jnp.int32) if case == "segments" else None
     extras = Operands(q_segment_ids=ids, kv_segment_ids=ids)
     assert _launch._takes_tma(q, statics, extras) == takes
-    assert _launch._dkdv_takes_tma(q, statics, extras) == (takes and case != "odd-seq")
+    assert _launch._dkdv_takes_tma(q, statics, extras) == (takes and case not in ("odd-seq", "softcap"))
     for kernel, rule in (("fwd", _launch._takes_tma), ("dq", _launch._takes_tma), ("dkdv", _launch._dkdv_takes_tma)):
         blocks, _ = pick_config("sm90", kernel, d, dtype, kind=_launch._kind(q, q, statics),
                                 tma=rule(q, statics, extras))

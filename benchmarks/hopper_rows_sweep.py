@@ -1,0 +1,108 @@
+"""Candidate sm90 config rows of one kernel at a time, timed in the real kernels against the shipped rows,
+each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hopper").
+
+    python -m benchmarks.hopper_rows_sweep [OUT.json [SET,...]]    # sets: d64, window, mask
+
+A case swaps the row of one kernel ("fwd", "dq" or "dkdv") and times the forward, or the whole backward
+(dQ then dK/dV: the other kernel keeps its shipped row, so a difference is the swapped kernel's). A row that
+compiles but computes something else (Triton 3.6's warp specialisation returns NaN for some tiles) shows
+as its max error relative to the largest reference value.
+"""
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from jax_flash_amd import _launch, _triton
+from jax_flash_amd.rules import Band
+from jax_flash_amd.timing import median_seconds
+
+
+def _row(d, bm, bn, w, s, tma=True, ws=False, **extra):
+    row = dict(max_block_d=d, max_itemsize=2, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s, TMA=tma, **extra)
+    return dict(row, WARP_SPECIALIZE=True) if ws else row  # dQ has no WARP_SPECIALIZE
+
+
+def _name(row):
+    return (f"{row['BLOCK_M']}x{row['BLOCK_N']}w{row['num_warps']}s{row['num_stages']}"
+            + ("tma" if row.get("TMA") else "") + ("ws" if row.get("WARP_SPECIALIZE") else "")
+            + "".join(f",{k}={v}" for k, v in row.items() if k in ("KEYS_EVEN",)))
+
+
+D64 = {
+    "fwd": [_row(64, 128, 64, 4, 2, ws=True), _row(64, 128, 128, 4, 2, ws=True)],
+    "dq": [_row(64, 64, 64, 4, 3), _row(64, 64, 64, 4, 2), _row(64, 128, 32, 4, 3), _row(64, 128, 64, 8, 2)],
+    "dkdv": [_row(64, 128, 128, 4, 2, ws=True), _row(64, 64, 128, 4, 2, ws=True), _row(64, 64, 64, 4, 2, ws=True),
+             _row(64, 128, 64, 4, 2, ws=True)],
+}
+WINDOW = {
+    "fwd": [_row(128, 128, 128, 4, 2, ws=True), _row(128, 128, 64, 4, 2, ws=True)],
+    "dq": [_row(128, 64, 64, 4, 2), _row(128, 64, 32, 4, 3), _row(128, 128, 64, 8, 2)],
+    "dkdv": [_row(128, 64, 128, 4, 2, ws=True), _row(128, 64, 64, 4, 2, ws=True)],
+}
+# what the mask costs the D 128 TMA forward: the shipped row with every block masked
+MASK_PROBE = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, KEYS_EVEN=False)]}
+
+SETS = {
+    "d64": [((b, n, 32, 64), causal, (-1, -1), D64) for b, n in ((16, 1024), (4, 4096), (1, 16384))
+            for causal in (False, True)],
+    "window": [((1, 16384, 16, 128), True, (1024, 0), WINDOW)],
+    "mask": [((4, 4096, 16, 128), False, (-1, -1), MASK_PROBE)],
+}
+
+
+def _err(got, ref):
+    worst = 0.0
+    for g, r in zip(got, ref):
+        r = r.astype(jnp.float32)
+        worst = max(worst, float(jnp.max(jnp.abs(g.astype(jnp.float32) - r)) / jnp.max(jnp.abs(r))))
+    return worst
+
+
+def main(out_path, sets):
+    print("target", _triton.target(), flush=True)
+    target = _triton.target()
+    results = []
+    for (b, n, h, d), causal, window, candidates in [case for name in sets for case in SETS[name]]:
+        ks = jax.random.split(jax.random.key(0), 4)
+        q, k, v, do = (jax.random.normal(x, (b, n, h, d), jnp.bfloat16) for x in ks)
+        statics = _launch.Statics(d ** -0.5, Band.of(causal, window, n, n))
+        dlse = jnp.zeros((b, h, n), jnp.float32)
+
+        def fwd(rows):
+            return jax.jit(lambda q, k, v: _launch.forward(_triton.run, target, q, k, v, statics=statics, rows=rows))
+
+        out, lse = fwd(None)(q, k, v)
+
+        def bwd(rows):
+            return jax.jit(lambda q, k, v, o, l, do: _launch.backward(_triton.run, target, q, k, v, o, l, do, dlse,
+                                                                       statics=statics, rows=rows))
+
+        ref = {"fwd": (out,), "bwd": bwd(None)(q, k, v, out, lse, do)}
+        args = {"fwd": (q, k, v), "bwd": (q, k, v, out, lse, do)}
+        make = {"fwd": fwd, "bwd": bwd}
+        line = dict(shape=(b, n, h, d), causal=causal, window=window)
+        for part in ("fwd", "bwd"):
+            kernels = [kn for kn in candidates if (kn == "fwd") == (part == "fwd")]
+            if not kernels:
+                continue
+            line[f"{part}_default_ms"] = round(median_seconds(make[part](None), *args[part], budget_s=0.3) * 1e3, 4)
+            for kn in kernels:
+                for row in candidates[kn]:
+                    key = f"{part}:{kn}:{_name(row)}"
+                    try:
+                        f = make[part]({kn: row})
+                        got = f(*args[part])
+                        got = got if isinstance(got, tuple) and part == "bwd" else got[:1]
+                        line[key] = dict(ms=round(median_seconds(f, *args[part], budget_s=0.3) * 1e3, 4),
+                                         err=round(_err(got, ref[part]), 4))
+                    except Exception as e:  # noqa: BLE001  (recorded: a row that fails to compile or launch)
+                        line[key] = f"{type(e).__name__}: {str(e)[:100]}"
+        print(json.dumps(line), flush=True)
+        results.append(line)
+    json.dump(results, open(out_path, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "/tmp/rows_sweep.json", sys.argv[2].split(",") if len(sys.argv) > 2 else SETS)
