@@ -164,3 +164,20 @@ def test_which_calls_take_the_tma_rows(case, takes):
         blocks, _ = pick_config("sm90", kernel, d, dtype, kind=_launch._kind(q, q, statics),
                                 tma=rule(q, statics, extras))
         assert bool(blocks.get("TMA")) == rule(q, statics, extras), kernel
+
+
+@pytest.mark.parametrize("d, tma", [(16, {}), (32, {}), (48, {}), (64, {"dq", "dkdv"}), (96, {}),
+                                    (128, {"fwd", "dq", "dkdv"})])
+def test_which_head_widths_have_tma_rows(d, tma):
+    """sm90's TMA rows by head width (16-bit): D 65-128 all three kernels, D 33-64 dQ and dK/dV (the D 64
+    forward keeps its pointer row; configs.py min_block_d keeps D <= 32 on the pointer rows, not measured
+    with TMA); a head that is not a power of two (48, 96) never (whole-tile descriptors)."""
+    q = jnp.zeros((1, 256, 2, d), jnp.bfloat16)
+    statics = _launch.Statics(d ** -0.5, Band.of(False, (-1, -1), 256, 256))
+    extras = Operands()
+    for kernel, rule in (("fwd", _launch._takes_tma), ("dq", _launch._takes_tma), ("dkdv", _launch._dkdv_takes_tma)):
+        blocks, _ = pick_config("sm90", kernel, d, jnp.bfloat16, tma=rule(q, statics, extras))
+        assert bool(blocks.get("TMA")) == (kernel in tma), kernel
+        # float32 never takes them (max_itemsize), whatever the width
+        blocks, _ = pick_config("sm90", kernel, d, jnp.float32, tma=rule(q.astype(jnp.float32), statics, extras))
+        assert not blocks.get("TMA"), kernel
