@@ -1,7 +1,7 @@
 """Candidate sm90 config rows of one kernel at a time, timed in the real kernels against the shipped rows,
 each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hopper").
 
-    python -m benchmarks.hopper_rows_sweep [OUT.json [SET,...]]    # sets: d64, window, mask
+    python -m benchmarks.hopper_rows_sweep [OUT.json [SET,...]]    # sets: d64, window, mask, d128bwd
 
 A case swaps the row of one kernel ("fwd", "dq" or "dkdv") and times the forward, or the whole backward
 (dQ then dK/dV: the other kernel keeps its shipped row, so a difference is the swapped kernel's). A row that
@@ -41,6 +41,11 @@ WINDOW = {
     "dq": [_row(128, 64, 64, 4, 2), _row(128, 64, 32, 4, 3), _row(128, 128, 64, 8, 2)],
     "dkdv": [_row(128, 64, 128, 4, 2, ws=True), _row(128, 64, 64, 4, 2, ws=True)],
 }
+# D 128 backward, untried tiles (the backward is 0.83-0.84x cuDNN non-causal at N >= 4096, target 0.85)
+D128_BWD = {
+    "dq": [_row(128, 64, 64, 4, 3), _row(128, 64, 128, 4, 2), _row(128, 128, 64, 8, 2)],
+    "dkdv": [_row(128, 64, 128, 4, 3, ws=True)],  # the prototype's 128 x 128 and 64 x 64: 2-3x slower
+}
 # what the mask costs the D 128 TMA forward: the shipped row with every block masked
 MASK_PROBE = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, KEYS_EVEN=False)]}
 
@@ -49,6 +54,8 @@ SETS = {
             for causal in (False, True)],
     "window": [((1, 16384, 16, 128), True, (1024, 0), WINDOW)],
     "mask": [((4, 4096, 16, 128), False, (-1, -1), MASK_PROBE)],
+    "d128bwd": [((b, n, 16, 128), causal, (-1, -1), D128_BWD) for b, n in ((4, 4096), (1, 16384))
+                for causal in (False, True)],
 }
 
 
