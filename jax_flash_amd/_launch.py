@@ -141,8 +141,9 @@ def _dkdv_takes_tma(q, statics: Statics, extras: Operands) -> bool:
     """_takes_tma, and what the dK/dV kernel's 1-D descriptors over lse and delta ((batch, heads, seq_q)
     float32) need: every block to start 16-byte aligned (seq_q a multiple of 4) at an int32 coordinate.
     Not with softcap: its tanh chain spills in the warp-specialised loop (sm90 ptxas: 288-1132 bytes at
-    168 registers per thread), and that kernel returned non-finite dK on the H200 in two of three runs of
-    the same PTX (tests/test_sm90.py, ragged causal): a race in Triton 3.6's code, not in the math."""
+    168 registers per thread), and that kernel returned non-finite dK on the H200 (tests/test_sm90.py,
+    ragged causal) with the same PTX that had passed there before: a race in Triton 3.6's code, not in
+    the math."""
     b, sq, h, _ = q.shape
     return (_takes_tma(q, statics, extras) and statics.softcap == 0 and sq % 4 == 0
             and b * h * sq < 2 ** 31)
