@@ -187,6 +187,19 @@ def compile_all(causal):
             print(f"{name:34s} causal={causal} FAIL {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
 
 
+def best_seconds(torch, call, reps):
+    """Seconds per call: the best of three timings of `reps` back-to-back calls (after a first call)."""
+    ts = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            call()
+        torch.cuda.synchronize()
+        ts.append((time.perf_counter() - t0) / reps)
+    return min(ts)
+
+
 def run_gpu(shapes, reps):
     import torch
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
@@ -227,15 +240,7 @@ def run_gpu(shapes, reps):
                     torch.cuda.synchronize()
                     errs = [float((a.float().permute(0, 2, 1, 3) - r).abs().max() / r.abs().max())
                             for a, r in zip(outs, ref[kern])]
-                    ts = []
-                    for _ in range(3):
-                        torch.cuda.synchronize()
-                        t0 = time.perf_counter()
-                        for _ in range(reps):
-                            call()
-                        torch.cuda.synchronize()
-                        ts.append((time.perf_counter() - t0) / reps)
-                    t = min(ts)
+                    t = best_seconds(torch, call, reps)
                     # TF/s in units of the kernel's share: dkdv 4 products, dq 3 (fwd = 2 products)
                     share = (4 if kern == "dkdv" else 3) / 2
                     print(f"{B}x{N}x{H}x{D} causal={causal!s:5s} {name:34s} {t * 1e3:7.3f} ms "

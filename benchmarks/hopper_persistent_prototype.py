@@ -15,6 +15,7 @@ import time
 
 import triton
 import triton.language as tl
+from hopper_bwd_prototype import best_seconds  # beside this script (run as a script, see above)
 
 LOG2E = 1.4426950408889634
 
@@ -140,15 +141,7 @@ def run(shapes, reps, device, variants):
                         print(f"{B}x{N}x{H}x{D} causal={causal!s:5s} {name:36s} relerr {err:.1e} lse {lse_err:.1e}",
                               flush=True)
                         continue
-                    ts = []
-                    for _ in range(3):
-                        torch.cuda.synchronize()
-                        t0 = time.perf_counter()
-                        for _ in range(reps):
-                            call()
-                        torch.cuda.synchronize()
-                        ts.append((time.perf_counter() - t0) / reps)
-                    t = min(ts)
+                    t = best_seconds(torch, call, reps)
                     print(f"{B}x{N}x{H}x{D} causal={causal!s:5s} {name:36s} {t * 1e3:7.3f} ms "
                           f"{flops / t / 1e12:6.1f} TF/s  relerr {err:.1e} lse {lse_err:.1e}", flush=True)
                 except Exception as e:  # noqa: BLE001

@@ -101,7 +101,7 @@ def main(out_path, sets):
                     try:
                         f = make[part]({kn: row})
                         got = f(*args[part])
-                        got = got if isinstance(got, tuple) and part == "bwd" else got[:1]
+                        got = got if part == "bwd" else got[:1]  # the forward's (out, lse): out
                         line[key] = dict(ms=round(median_seconds(f, *args[part], budget_s=0.3) * 1e3, 4),
                                          err=round(_err(got, ref[part]), 4))
                     except Exception as e:  # noqa: BLE001  (recorded: a row that fails to compile or launch)
