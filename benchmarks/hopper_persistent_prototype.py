@@ -4,6 +4,7 @@ creation, Q's load, the pipeline's fill and the epilogue, where cuDNN runs one p
 bare forward (MHA, whole blocks, causal or not, TMA + warp specialisation like kernels/fwd.py's sm90 row)
 as one program per tile ("tiled", the shape of ours) against one program per SM looping over tiles
 ("persistent": descriptors made once per program; the tile loop or the key loop warp-specialised).
+H200 results and the kernel it led to (kernels/fwd.py PERSISTENT): benchmarks/results/NOTES.md, "Hopper".
 Needs Triton 3.6+; on the GPU torch (Triton's own launcher). From the repository root:
     python benchmarks/hopper_persistent_prototype.py             # H100/H200: error against float32, ms, TF/s
     python benchmarks/hopper_persistent_prototype.py --compile   # CPU: sm90 cross-compile, warps, shared memory

@@ -1,7 +1,7 @@
 """Candidate sm90 config rows of one kernel at a time, timed in the real kernels against the shipped rows,
 each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hopper").
 
-    python -m benchmarks.hopper_rows_sweep [OUT.json [SET,...]]    # sets: d64, window, mask, d128bwd
+    python -m benchmarks.hopper_rows_sweep [OUT.json [SET,...]]    # sets: d64, window, mask, d128bwd, persistent
 
 A case swaps the row of one kernel ("fwd", "dq" or "dkdv") and times the forward, or the whole backward
 (dQ then dK/dV: the other kernel keeps its shipped row, so a difference is the swapped kernel's). A row that
@@ -27,7 +27,7 @@ def _row(d, bm, bn, w, s, tma=True, ws=False, **extra):
 def _name(row):
     return (f"{row['BLOCK_M']}x{row['BLOCK_N']}w{row['num_warps']}s{row['num_stages']}"
             + ("tma" if row.get("TMA") else "") + ("ws" if row.get("WARP_SPECIALIZE") else "")
-            + "".join(f",{k}={v}" for k, v in row.items() if k in ("KEYS_EVEN",)))
+            + "".join(f",{k}={v}" for k, v in row.items() if k in ("KEYS_EVEN", "PERSISTENT")))
 
 
 D64 = {
@@ -46,6 +46,8 @@ D128_BWD = {
     "dq": [_row(128, 64, 64, 4, 3), _row(128, 64, 128, 4, 2), _row(128, 128, 64, 8, 2)],
     "dkdv": [_row(128, 64, 128, 4, 3, ws=True)],  # the prototype's 128 x 128 and 64 x 64: 2-3x slower
 }
+# the D 128 forward row one program per tile (the shipped one is persistent where balanced: kernels/configs.py)
+PERSISTENT = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, PERSISTENT=0)]}
 # what the mask costs the D 128 TMA forward: the shipped row with every block masked
 MASK_PROBE = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, KEYS_EVEN=False)]}
 
@@ -54,6 +56,8 @@ SETS = {
             for causal in (False, True)],
     "window": [((1, 16384, 16, 128), True, (1024, 0), WINDOW)],
     "mask": [((4, 4096, 16, 128), False, (-1, -1), MASK_PROBE)],
+    "persistent": [((16384 // n, n, 16, 128), causal, (-1, -1), PERSISTENT) for n in (1024, 4096, 16384)
+                   for causal in (False, True)],
     "d128bwd": [((b, n, 16, 128), causal, (-1, -1), D128_BWD) for b, n in ((4, 4096), (1, 16384))
                 for causal in (False, True)],
 }
@@ -90,6 +94,10 @@ def main(out_path, sets):
         args = {"fwd": (q, k, v), "bwd": (q, k, v, out, lse, do)}
         make = {"fwd": fwd, "bwd": bwd}
         line = dict(shape=(b, n, h, d), causal=causal, window=window)
+        if "fwd" in candidates and window == (-1, -1):  # the peer, same run
+            cudnn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                                                         implementation="cudnn"))
+            line["cudnn_fwd_ms"] = round(median_seconds(cudnn, q, k, v, budget_s=0.3) * 1e3, 4)
         for part in ("fwd", "bwd"):
             kernels = [kn for kn in candidates if (kn == "fwd") == (part == "fwd")]
             if not kernels:

@@ -19,7 +19,7 @@ import numpy as np
 
 from jax_flash_amd import fp8, rules
 from jax_flash_amd._config_choice import block_d, pick_config, row_kind
-from jax_flash_amd.kernels import bwd, fwd
+from jax_flash_amd.kernels import bwd, configs, fwd
 from jax_flash_amd.operands import Operands
 
 
@@ -149,6 +149,39 @@ def _dkdv_takes_tma(q, statics: Statics, extras: Operands) -> bool:
             and b * h * sq < 2 ** 31)
 
 
+def compute_units(target: str) -> int:
+    """SMs / CUs of the default GPU (as the device reports them), else configs.DECODE_SPLITS' number."""
+    if target != "interpret":
+        count = getattr(jax.devices()[0], "core_count", None)
+        if isinstance(count, int) and count > 0:
+            return count
+    return configs.DECODE_SPLITS[target]["cus"]
+
+
+def persistent_programs(per_unit: int, target: str, n_blocks: int, rows: int, block_m: int, block_n: int, sq: int,
+                        sk: int, band: rules.Band) -> int:
+    """Programs of a persistent forward's grid (kernels/fwd.py PERSISTENT), or 0 for one program per tile.
+    Persistent saves each tile's fixed cost (descriptors, pipeline fill), but fixes in advance which
+    tiles a program runs (masking.persistent_tile), so it is taken only where that schedule is balanced:
+    the busiest program's work at most configs.PERSISTENT_BALANCE times the mean, a tile's work counted
+    as the key blocks its rows see (the band) plus one (causal 1 x 16384 x 16, D 128: 1.5x; H200 3.03 ms
+    against 2.22 tiled). With a band, also only up to configs.PERSISTENT_BANDED_BLOCKS query blocks per
+    row: beyond, persistent measured slower though balanced (causal 1 x 131072 x 16: 150 ms against 132)."""
+    if band.sides and n_blocks > configs.PERSISTENT_BANDED_BLOCKS:
+        return 0
+    programs = min(per_unit * compute_units(target), n_blocks * rows)
+    lo_off, hi_off = band.offsets(sq, sk)
+    starts = np.arange(n_blocks) * block_m
+    first = np.clip(starts + lo_off, 0, sk) // block_n
+    end = np.clip(np.minimum(starts + block_m, sq) + hi_off, 0, sk)  # keys [first * block_n, end)
+    cost = np.maximum(-(-end // block_n) - first, 0) + 1
+    i = np.arange(n_blocks * rows)
+    rounds, column = np.divmod(i, programs)
+    column = np.where(rounds % 2 == 1, programs - 1 - column, column)  # masking._column's snake
+    work = np.bincount(column, cost[n_blocks - 1 - i % n_blocks], programs)
+    return programs if work.max() <= configs.PERSISTENT_BALANCE * work.mean() else 0
+
+
 def keys_last(run: Run, target: str, v):
     """v (batch, seq_k, heads, D) as (batch, heads, D, seq_k rounded up to 16), zero-padded: the layout
     the fp8 forward reads (kernels/fwd.py)."""
@@ -176,11 +209,23 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
     if fp8_inputs:
         v = keys_last(run, target, v)
     scalars, constexprs = _common(q, k, statics)
+    n_blocks = _cdiv(sq, blocks["BLOCK_M"])
+    grid = (n_blocks, b * h)
     if blocks.get("TMA"):  # kernels/fwd.py: the TMA loop goes unmasked when every key block is whole
         constexprs["KEYS_EVEN"] = k.shape[1] % blocks["BLOCK_N"] == 0
+    # persistent (the row's PERSISTENT: programs per compute unit): one descriptor per tensor serves only
+    # tiles that never cross a batch element
+    programs = 0
+    if blocks.get("PERSISTENT") and sq % blocks["BLOCK_M"] == 0 and k.shape[1] % blocks["BLOCK_N"] == 0:
+        programs = persistent_programs(blocks["PERSISTENT"], target, n_blocks, b * h, blocks["BLOCK_M"],
+                                       blocks["BLOCK_N"], sq, k.shape[1], statics.band)
+    blocks = dict(blocks, PERSISTENT=programs > 0)
+    if programs:
+        grid = (programs, 1)
     out, lse = run(_launch(
-        fwd.attn_fwd, grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
-        inputs=dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, blocks["BLOCK_M"]), **scalars),
+        fwd.attn_fwd, grid=grid,
+        inputs=dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, blocks["BLOCK_M"]), batch=b,
+                    **scalars),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, jnp.bfloat16 if fp8_inputs else q.dtype),
                     jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
         constexprs={**constexprs, **blocks, "P8_LOG2": fp8.P_LOG2.get(jnp.dtype(q.dtype), 0)},

@@ -372,22 +372,13 @@ def _xla(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, e
     return out.reshape(q.shape).astype(q.dtype), lse.reshape(b, h, sq), k_cache, v_cache
 
 
-def compute_units(target: str) -> int:
-    """SMs / CUs of the default GPU (as the device reports them), else configs.DECODE_SPLITS' number."""
-    if target != "interpret":
-        count = getattr(jax.devices()[0], "core_count", None)
-        if isinstance(count, int) and count > 0:
-            return count
-    return configs.DECODE_SPLITS[target]["cus"]
-
-
 def num_splits(target: str, programs: int, keys: int, block_n: int, cus: int | None = None) -> int:
     """The split-KV rule (configs.DECODE_SPLITS[target] is its data): enough programs to fill the GPU's
     compute units programs_per_cu times over, given `programs` (batch x heads_kv x row blocks) before
     splitting; each split at least min_blocks_per_split key blocks of the `keys` a row can hold; at
     most max_splits; at least 1."""
     rule = configs.DECODE_SPLITS[target]
-    cus = compute_units(target) if cus is None else cus
+    cus = _launch.compute_units(target) if cus is None else cus
     fill = cus * rule["programs_per_cu"] // max(programs, 1)
     most = -(-keys // block_n) // rule["min_blocks_per_split"]
     return max(1, min(rule["max_splits"], fill, most))

@@ -8,7 +8,8 @@ BLOCK_D * itemsize / 2: float32 inputs take the row of a head twice as wide, sin
 twice the registers and shared memory. A row with ``max_itemsize`` serves only inputs of at most that
 many bytes per element (float32 calls skip to the next row of the same width), one with ``min_block_d``
 only heads at least that wide (narrower ones go on to the next row). Upper-case keys are the
-kernel's constexprs (BLOCK_*; dK/dV's SPLIT, default False: dK and dV from separate programs), other
+kernel's constexprs (BLOCK_*; dK/dV's SPLIT, default False: dK and dV from separate programs; the forward's
+PERSISTENT, programs per compute unit of a persistent grid, jax_flash_amd/_launch.py persistent_programs), other
 lower-case ones compiler options (num_warps, num_stages; on HIP also waves_per_eu and matrix_instr_nonkdim, which need
 a jax-triton that forwards them).
 
@@ -146,8 +147,20 @@ _CUDA_TARGET = {
 # 2 stages 0.85 / 0.89 / 0.91 at N 1024 / 4096 / 16384 (causal 0.74 / 0.83 / 0.88) against 0.74-0.77
 # (0.71-0.84) for the pointer row. 3 stages: 262 KB of shared memory; 128 x 64: slower; 128 x 64 x 3
 # stages and 128 x 128 x 3 at D 64: NaN (Triton 3.6). D 64: the pointer row stays (0.89-0.92 vs 0.74-0.91).
+# PERSISTENT=1: one program per SM looping over tiles where the schedule is balanced (_launch.py
+# persistent_programs), H200, bf16, D 128, forward ms, cuDNN / one program per tile / persistent, same run
+# (benchmarks/hopper_rows_sweep.py persistent): 16 x 1024 x 16 0.254 / 0.326 / 0.282, causal 0.184 / 0.245 /
+# 0.181; 4 x 4096 0.945 / 1.048 / 1.030, causal 0.566 / 0.643 / 0.611; 1 x 16384 3.60 / 3.97 / 3.99, causal
+# 1.99 / 2.22 / 3.03 (unbalanced: taken tiled). Tiles ordered all heads' last blocks first (balanced, K and V
+# not shared in L2): 0.330, 0.213, 1.176, 0.626, 4.20, 2.26. The D 64 pointer row persistent (2 per SM):
+# 7-20 % slower.
 _SM90_FWD_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2, TMA=True,
-                     WARP_SPECIALIZE=True)
+                     WARP_SPECIALIZE=True, PERSISTENT=1)
+PERSISTENT_BALANCE = 1.05  # _launch.py persistent_programs: the busiest program's work / the mean, at most
+# and with a band (causal) at most this many query blocks per row: forward ms, D 128, causal, tiled /
+# persistent: 64 x 512 x 16 0.338 / 0.225, 2 x 2048 0.119 / 0.091, 4 x 4096 0.643 / 0.611 (32 blocks), 2 x
+# 32768 16.8 / 18.3, 1 x 65536 33.4 / 36.7, 1 x 131072 132 / 150 (without a band: 1 x 32768 15.71 / 15.60)
+PERSISTENT_BANDED_BLOCKS = 32
 # Backward, D 128, bf16, H200, per kernel (standalone prototypes of the same loops, 4 x 4096 x 16 / 1 x 16384
 # x 16, non-causal; causal): dK/dV 64 x 128 x 4 warps x 2 stages with every tile through TMA and the query
 # loop warp-specialised 1.63 / 6.62 ms (0.96 / 3.59) against 2.30 / 9.57 (1.22 / 4.27) for the pointer row's

@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 
 from .dropout import keep, load_seed
-from .masking import (element_tiles, head_start, key_blocks, load_ids, load_tile, place, span_block, span_blocks,
-                      store_tile)
+from .masking import (element_tiles, head_start, key_blocks, load_ids, load_tile, persistent_rounds, persistent_tile,
+                      place, span_block, span_blocks, store_tile)
 from .scores import scores
 
 
@@ -111,12 +111,12 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col,
 
 @triton.jit
 def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, VDescale, Positions, sm_scale,
-             softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse, H: tl.constexpr, KV_H: tl.constexpr,
-             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
-             DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr, POSITIONS: tl.constexpr, TMA: tl.constexpr = False,
-             WARP_SPECIALIZE: tl.constexpr = False, KEYS_EVEN: tl.constexpr = False,
-             EDGES_FIRST: tl.constexpr = False):
+             softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, batch, Out, Lse, H: tl.constexpr,
+             KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+             SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr, POSITIONS: tl.constexpr,
+             TMA: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False, KEYS_EVEN: tl.constexpr = False,
+             EDGES_FIRST: tl.constexpr = False, PERSISTENT: tl.constexpr = False):
     """lo_off / hi_off / BANDED: the visible band, QSeg / KSeg (batch, seq) int32 and KeyRanges /
     SEGMENTS: segment ids, Positions (batch, 3) int32 / POSITIONS: the call as a block of a larger one
     (masking.py); softcap / SOFTCAP and Slopes (batch, H) fp32 / ALIBI: logit modifiers (scores.py);
@@ -127,10 +127,54 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     which calls take them: jax_flash_amd/_launch.py _takes_tma), KEYS_EVEN says every key block is whole.
     EDGES_FIRST (config rows): the masked key blocks at the band's edges before the unmasked ones; the
     order only changes how LLVM allocates registers (AMD: where the unmasked loop keeps its buffer
-    descriptors in SGPRs instead of re-copying them every iteration, issue 23)."""
-    # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
-    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-    bh = tl.program_id(1)
+    descriptors in SGPRs instead of re-copying them every iteration, issue 23).
+    PERSISTENT (Hopper rows, whole query and key blocks only; which calls: jax_flash_amd/_launch.py
+    persistent_programs): a grid of (programs, 1), each program looping over tiles in
+    masking.persistent_tile's order, with the TMA descriptors made once per program, over the whole
+    tensors (no tile crosses a batch element). Otherwise one program per (query block, batch * H), and
+    batch is unused."""
+    # the TMA path: a TMA row, 16-bit inputs, a whole-tile head
+    USE_TMA: tl.constexpr = TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM)
+    if PERSISTENT:
+        q_desc = Q
+        k_desc = K
+        v_desc = V
+        if USE_TMA:
+            q_desc = element_tiles(Q, batch - 1, seq_q, H * HEAD_DIM, BLOCK_M, BLOCK_D)
+            k_desc = element_tiles(K, batch - 1, seq_k, KV_H * HEAD_DIM, BLOCK_N, BLOCK_D)
+            v_desc = element_tiles(V, batch - 1, seq_k, KV_H * HEAD_DIM, BLOCK_N, BLOCK_D)
+        n_m = tl.cdiv(seq_q, BLOCK_M)
+        for r in range(0, persistent_rounds(n_m * batch * H)):
+            block, bh = persistent_tile(r, n_m, batch * H)
+            _fwd_tile(block * BLOCK_M, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges,
+                      QDescale, KDescale, VDescale, Positions, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
+                      hi_off, Out, Lse, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
+                      BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                      DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, POSITIONS=POSITIONS, TMA=USE_TMA,
+                      WARP_SPECIALIZE=WARP_SPECIALIZE, KEYS_EVEN=KEYS_EVEN, EDGES_FIRST=EDGES_FIRST,
+                      DESCRIPTORS=True)
+    else:
+        # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+        _fwd_tile(start_m, tl.program_id(1), Q, K, V, Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale,
+                  KDescale, VDescale, Positions, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, Out,
+                  Lse, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                  BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
+                  P8_LOG2=P8_LOG2, POSITIONS=POSITIONS, TMA=USE_TMA, WARP_SPECIALIZE=WARP_SPECIALIZE,
+                  KEYS_EVEN=KEYS_EVEN, EDGES_FIRST=EDGES_FIRST, DESCRIPTORS=False)
+
+
+@triton.jit
+def _fwd_tile(start_m, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale,
+              VDescale, Positions, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse,
+              H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
+              ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr,
+              POSITIONS: tl.constexpr, TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, KEYS_EVEN: tl.constexpr,
+              EDGES_FIRST: tl.constexpr, DESCRIPTORS: tl.constexpr):
+    """Query block [start_m, start_m + BLOCK_M) of (batch * H) row bh, with attn_fwd's arguments (TMA:
+    its USE_TMA). DESCRIPTORS: q_desc, k_desc, v_desc are the TMA path's descriptors, made by the caller;
+    else they are made here, bounded at this tile's batch element."""
     b = bh // H
     h = bh % H
     STRIDE: tl.constexpr = H * HEAD_DIM
@@ -153,15 +197,13 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     # in one loop. (Triton 3.6, sm90: the warp-specialisation pass fails to compile a kernel with a second
     # key loop, a dot outside the loop, a pointer-loaded Q, dropout or segment ids, and leaves a loop with
     # a branch in it unpartitioned; 3-D descriptors with reshaped tiles compile but hang on the H200.)
-    USE_TMA: tl.constexpr = TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM)
-    k_desc = k_base
-    v_desc = v_base
     kv_col = (h // (H // KV_H)) * HEAD_DIM
     kv_row = b * seq_k
-    if USE_TMA:
-        k_desc = element_tiles(K, b, seq_k, STRIDE_KV, BLOCK_N, BLOCK_D)
-        v_desc = element_tiles(V, b, seq_k, STRIDE_KV, BLOCK_N, BLOCK_D)
-        q_desc = element_tiles(Q, b, seq_q, STRIDE, BLOCK_M, BLOCK_D)
+    if TMA:
+        if not DESCRIPTORS:
+            k_desc = element_tiles(K, b, seq_k, STRIDE_KV, BLOCK_N, BLOCK_D)
+            v_desc = element_tiles(V, b, seq_k, STRIDE_KV, BLOCK_N, BLOCK_D)
+            q_desc = element_tiles(Q, b, seq_q, STRIDE, BLOCK_M, BLOCK_D)
         q = q_desc.load([b * seq_q + start_m, h * HEAD_DIM])
     else:
         q = load_tile(q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
@@ -178,7 +220,7 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     if P8_LOG2 > 0:
         sm_scale = sm_scale * tl.load(QDescale + bh_kv) * tl.load(KDescale + bh_kv)
         v_descale = tl.load(VDescale + bh_kv)
-    if USE_TMA:
+    if TMA:
         # masked unless no block needs it (no band, no segment ids, whole key blocks: KEYS_EVEN)
         TMA_MASKED: tl.constexpr = BANDED or SEGMENTS or not KEYS_EVEN
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col, start, end,

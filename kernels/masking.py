@@ -1,6 +1,6 @@
 """The one place that says what a program touches: where a (batch, head) starts, which (query, key)
-pairs are visible, which blocks need masking, masked tile loads and stores, and the TMA descriptors of a
-batch element's tiles (Hopper rows).
+pairs are visible, which blocks need masking, masked tile loads and stores, the TMA descriptors of a
+batch element's tiles (Hopper rows), and which tiles a persistent program runs.
 
 Used by the forward and by all backward kernels. Visibility is a band around the bottom-right aligned
 diagonal (FlashAttention's convention): query i sees key j iff
@@ -42,6 +42,31 @@ def element_tiles(T, b, seq, ROW: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_
     the element's row 0 gave wrong outputs under warp specialisation (benchmarks/hopper_ws_bisect.py)."""
     return tl.make_tensor_descriptor(T, shape=[(b + 1) * seq, ROW], strides=[ROW, 1],
                                      block_shape=[BLOCK_ROWS, BLOCK_D])
+
+
+@triton.jit
+def persistent_rounds(n_tiles):
+    """How many tiles this program of a persistent grid runs (persistent_tile's rounds)."""
+    n = tl.num_programs(0)
+    full = n_tiles // n
+    return full + (_column(full, tl.program_id(0), n) < n_tiles % n).to(tl.int32)
+
+
+@triton.jit
+def _column(r, p, n):
+    """Program p's place in round r: rounds alternate direction (a snake), so a program that drew the
+    heaviest tile of one round draws the lightest of the next."""
+    return tl.where(r % 2 == 0, p, n - 1 - p)
+
+
+@triton.jit
+def persistent_tile(r, n_blocks, rows):
+    """(query block, row) of this program's round r of a persistent grid over n_blocks query blocks of
+    `rows` (batch * heads) rows: round r hands out tiles r * programs .. in a snake (_column), one row's
+    blocks after another (so programs at work at once share a row's K and V in L2), heaviest (causal:
+    last) block first."""
+    i = r * tl.num_programs(0) + _column(r, tl.program_id(0), tl.num_programs(0))
+    return n_blocks - 1 - i % n_blocks, i // n_blocks
 
 
 @triton.jit

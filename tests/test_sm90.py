@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import triton
+import triton.language as tl
 
 import oracle
 import os
@@ -16,6 +18,7 @@ from jax_flash_amd import _launch, _triton
 from jax_flash_amd._config_choice import pick_config
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.kernels import configs
+from jax_flash_amd.kernels.masking import persistent_rounds, persistent_tile
 from jax_flash_amd.rules import Band
 
 KERNELS = ("fwd", "dkdv", "dq")
@@ -181,3 +184,139 @@ def test_which_head_widths_have_tma_rows(d, tma):
         # float32 never takes them (max_itemsize), whatever the width
         blocks, _ = pick_config("sm90", kernel, d, jnp.float32, tma=rule(q.astype(jnp.float32), statics, extras))
         assert not blocks.get("TMA"), kernel
+
+
+
+
+# ----- the persistent forward (kernels/fwd.py PERSISTENT): tiles handed out by masking.persistent_tile -----
+@triton.jit
+def _tile_order(n_blocks, rows, Tiles, ROUNDS: tl.constexpr):
+    """Tiles (programs, ROUNDS, 2): the (query block, row) each program runs in each of its rounds."""
+    p = tl.program_id(0)
+    for r in range(0, persistent_rounds(n_blocks * rows)):
+        block, row = persistent_tile(r, n_blocks, rows)
+        tl.store(Tiles + (p * ROUNDS + r) * 2, block.to(tl.float32))
+        tl.store(Tiles + (p * ROUNDS + r) * 2 + 1, row.to(tl.float32))
+
+
+@pytest.mark.parametrize("programs, n_blocks, rows", [(3, 4, 6), (4, 5, 6), (7, 3, 5), (5, 2, 2), (2, 8, 3), (1, 3, 2)])
+@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
+def test_persistent_tiles_cover_every_tile_once(programs, n_blocks, rows):
+    """Every (query block, row) exactly once, handed out in rounds of one tile per program, in a snake
+    (odd rounds from the last program), one row's blocks after another, heaviest (last) block first."""
+    from jax_flash_amd import _interpret
+    _interpret.check_available()
+    n_tiles = n_blocks * rows
+    rounds = -(-n_tiles // programs)
+    (tiles,) = _interpret.run(_launch._launch(
+        _tile_order, grid=(programs,), inputs=dict(n_blocks=n_blocks, rows=rows),
+        out_shapes=(jax.ShapeDtypeStruct((programs, rounds, 2), jnp.float32),), constexprs=dict(ROUNDS=rounds),
+        options={}))
+    tiles = np.asarray(tiles)
+    order = [(m, r) for r in range(rows) for m in reversed(range(n_blocks))]
+    for p in range(programs):
+        for r in range(rounds):
+            i = r * programs + (p if r % 2 == 0 else programs - 1 - p)
+            want = order[i] if i < n_tiles else (np.nan, np.nan)  # NaN: never written
+            np.testing.assert_array_equal(tiles[p, r], want, err_msg=f"program {p} round {r}")
+
+
+@pytest.mark.parametrize("shape, causal, persistent", [
+    ((16, 1024, 16), False, True), ((16, 1024, 16), True, True), ((4, 4096, 16), True, True),
+    ((1, 16384, 16), False, True), ((1, 16384, 16), True, False), ((1, 131072, 16), False, True),
+    ((1, 131072, 16), True, False), ((2, 32768, 16), True, False)])
+def test_which_forwards_run_persistent(shape, causal, persistent, monkeypatch):
+    """sm90's D 128 forward row is persistent where one program per SM (132) has a balanced schedule:
+    every call without a band, causal ones with enough rows per program and at most 32 query blocks per
+    row; not causal 1 x 16384 x 16 (unbalanced), nor causal N >= 32768 (measured slower: kernels/configs.py)."""
+    monkeypatch.setattr(_launch, "compute_units", lambda target: 132)
+    b, n, h = shape
+    x = jax.ShapeDtypeStruct((b, n, h, 128), jnp.bfloat16)
+    grids = []
+
+    def run(launch):
+        grids.append((launch.grid, launch.constexprs["PERSISTENT"]))
+        return launch.out_shapes
+
+    _launch.forward(run, "sm90", x, x, x, statics=_launch.Statics(0.1, Band.of(causal, (-1, -1), n, n)))
+    assert grids == [((132, 1), True) if persistent else ((n // 128, b * h), False)]
+
+
+PERSISTENT_CASES = {
+    "full": dict(sq=64, sk=64), "causal": dict(sq=64, sk=64, causal=True),
+    "cross-causal": dict(sq=32, sk=64, causal=True), "window": dict(sq=64, sk=64, window=(9, 4)),
+    "gqa-alibi-causal": dict(sq=64, sk=64, causal=True, h_kv=1, alibi=True),
+    "softcap": dict(sq=48, sk=64, softcap=5.0),
+}
+
+
+@pytest.mark.parametrize("case", list(PERSISTENT_CASES))
+@pytest.mark.parametrize("path", ["tma", "pointer"])
+@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
+def test_persistent_forward_equals_one_program_per_tile(case, path, monkeypatch):
+    """Whole blocks: the persistent forward (1, 3 and 7 programs) gives the tiled forward's output and lse
+    exactly, through TMA (float16) and pointer loads (float32); a ragged call takes the tiled grid."""
+    from jax_flash_amd import _interpret
+    _interpret.check_available()
+    c = {**dict(causal=False, window=(-1, -1), softcap=0.0, alibi=False, h_kv=2), **PERSISTENT_CASES[case]}
+    b, h, d = 3, 2, 32
+    dtype = jnp.float16 if path == "tma" else jnp.float32
+    q, k, v, _, _ = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), dtype, seed=11)
+    extras = Operands(slopes=jnp.asarray([[0.3, 0.1]] * b, jnp.float32) if c["alibi"] else None)
+    statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]), softcap=c["softcap"])
+    row = dict(TMA_INTERPRET_ROW, TMA=path == "tma", WARP_SPECIALIZE=path == "tma")
+    grids = []
+
+    def run(launch):
+        grids.append(launch.grid)
+        return _interpret.run(launch)
+
+    def forward(q, persistent):
+        return _launch.forward(run, "interpret", q, k, v, extras, statics=statics,
+                               rows={"fwd": dict(row, PERSISTENT=persistent)})
+
+    want = forward(q, 0)
+    # any schedule: the test is of the kernel (persistent_programs' choice: test_which_forwards_run_persistent)
+    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))
+    for programs in (1, 3, 7):
+        monkeypatch.setattr(_launch, "compute_units", lambda target: programs)
+        got = forward(q, 1)
+        assert grids[-1] == (programs, 1)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    forward(q[:, :-1], 1)  # ragged: one program per tile
+    assert grids[-1] == (c["sq"] // row["BLOCK_M"], b * h)
+
+
+# every sm90 forward row, persistent (kernels/fwd.py PERSISTENT: the shipped persistent rows and the TMA rows
+# made persistent), and the D 64 pointer row made persistent (two programs per SM)
+PERSISTENT_ROWS = [dict(r, PERSISTENT=r.get("PERSISTENT") or 1) for k, r in ROWS if k == "fwd"]
+PERSISTENT_ROWS += [dict(r, PERSISTENT=2) for r in configs.TARGETS["sm90"]["fwd"] if r["max_block_d"] == 64]
+
+
+@pytest.mark.parametrize("row", PERSISTENT_ROWS, ids=lambda r: _id(("fwd", r)) + f"-p{r['PERSISTENT']}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("variant", ["plain", "gqa-alibi"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_every_sm90_forward_row_persistent(row, causal, variant, monkeypatch):
+    """Whole blocks over 5 programs, so each loops over several tiles (warp-specialised key loops inside
+    the tile loop), against float64; then over as many programs as the GPU has units."""
+    if _triton.target() != "sm90":
+        pytest.skip("needs a Hopper GPU")
+    d = row["max_block_d"]
+    b, h, seq = 2, 4, 512
+    h_kv = 2 if variant == "gqa-alibi" else h
+    q, k, v, dout, dlse = inputs((b, seq, h, d), (b, seq, h_kv, d), jnp.bfloat16, seed=d + 5)
+    slopes = (jax.random.uniform(jax.random.key(2), (b, h), jnp.float32, 0.01, 0.5) if variant == "gqa-alibi"
+              else None)
+    statics = _launch.Statics(d ** -0.5, Band.of(causal, (-1, -1), seq, seq))
+    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, alibi=slopes)
+    base = run_impl("xla", q, k, v, dout, dlse, causal=causal, alibi_slopes=slopes)
+    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))  # persistent whatever the schedule
+    for units in (lambda target: 5, _launch.compute_units):
+        monkeypatch.setattr(_launch, "compute_units", units)
+        out, lse2 = jax.jit(lambda q, k, v, e: _launch.forward(_triton.run, "sm90", q, k, v, e, statics=statics,
+                                                               rows={"fwd": row}))(q, k, v, Operands(slopes=slopes))
+        assert np.isfinite(np.asarray(out, np.float32)).all()
+        assert_close(dict(out=out, lse=lse2 * np.log(2)), ref, base, jnp.bfloat16, names=("out", "lse"))
