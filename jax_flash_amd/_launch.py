@@ -130,10 +130,11 @@ def _kind(q, k, statics: Statics) -> str:
 
 
 def _takes_tma(q, statics: Statics, extras: Operands) -> bool:
-    """Whether a call may take the TMA rows (sm90, kernels/fwd.py and bwd.py): 16-bit inputs with a
-    power-of-two head (whole-tile descriptors), without dropout or segment ids (Triton 3.6's
-    warp-specialisation pass fails to compile those loops). Others take the target's pointer rows."""
-    return (jnp.dtype(q.dtype).itemsize == 2 and block_d(q.shape[3], q.dtype) == q.shape[3]
+    """Whether a call may take the TMA rows (sm90, kernels/fwd.py and bwd.py): 16-bit inputs (fp8: the
+    forward, which is all fp8 has) with a power-of-two head (whole-tile descriptors), without dropout or
+    segment ids (Triton 3.6's warp-specialisation pass fails to compile those loops). Others take the
+    target's pointer rows."""
+    return ((jnp.dtype(q.dtype).itemsize == 2 or fp8.is_fp8(q.dtype)) and block_d(q.shape[3], q.dtype) == q.shape[3]
             and statics.dropout_p == 0 and extras.q_segment_ids is None)
 
 

@@ -297,11 +297,21 @@ def _with_tma(rows, tma_rows):
     return tma_rows + rows
 
 
+# fp8 forward rows through TMA (kernels/fwd.py keys_last_tiles: K and V^T by descriptors), D 128: compiled for
+# sm90 (12 warps, no spills, 82-164 KB of shared memory), checked in the interpreter, not yet timed: the
+# next H200 run times them (benchmarks/hopper_rows_sweep.py fp8) and tests them (tests/test_sm90.py). Not
+# autotuned (fp8 calls take the default rows).
+_SM90_FP8_TMA = [dict(_SM90_FWD_TMA, PERSISTENT=0, num_stages=s) for s in (2, 3, 4)] + [
+    dict(_SM90_FWD_TMA, PERSISTENT=0, BLOCK_N=64, num_stages=3),
+    dict(_SM90_FWD_TMA, BLOCK_M=64, PERSISTENT=0, WARP_SPECIALIZE=False, num_stages=3),
+    dict(_SM90_FWD_TMA, num_stages=3)]
+
 CANDIDATES = {
     "cuda": _CUDA_CANDIDATES,
     "sm90": {**_CUDA_CANDIDATES, "fwd": _with_tma(_CUDA_CANDIDATES["fwd"], [_SM90_FWD_TMA]),
              "dkdv": _with_tma(_CUDA_CANDIDATES["dkdv"], [_SM90_DKDV64_TMA, _SM90_DKDV_TMA]),
-             "dq": _with_tma(_CUDA_CANDIDATES["dq"], [_SM90_DQ64_TMA, _SM90_DQ_TMA])},
+             "dq": _with_tma(_CUDA_CANDIDATES["dq"], [_SM90_DQ64_TMA, _SM90_DQ_TMA]),
+             "fwd+fp8": _SM90_FP8_TMA},
     "gfx90a": _hip_candidates(),
     "gfx942": _hip_candidates(),
     "gfx950": _hip_candidates(),

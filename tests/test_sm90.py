@@ -320,3 +320,67 @@ def test_every_sm90_forward_row_persistent(row, causal, variant, monkeypatch):
                                                                rows={"fwd": row}))(q, k, v, Operands(slopes=slopes))
         assert np.isfinite(np.asarray(out, np.float32)).all()
         assert_close(dict(out=out, lse=lse2 * np.log(2)), ref, base, jnp.bfloat16, names=("out", "lse"))
+
+
+@pytest.mark.parametrize("case", ["full-ragged", "causal-gqa", "window", "causal-persistent"])
+@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
+def test_fp8_tma_path_in_the_interpreter(case, monkeypatch):
+    """The fp8 forward through TMA (K and V^T by descriptors: kernels/fwd.py keys_last_tiles), tiled and
+    persistent, against float64 attention of the dequantised inputs (test_fp8.py's bar)."""
+    from jax_flash_amd import _interpret, fp8
+    from test_fp8 import _inputs, _rel_rms
+    _interpret.check_available()
+    sq, sk, h, h_kv, causal, window = {
+        "full-ragged": (45, 37, 2, 2, False, (-1, -1)), "causal-gqa": (48, 64, 4, 2, True, (-1, -1)),
+        "window": (44, 44, 2, 1, False, (9, 4)), "causal-persistent": (64, 64, 4, 2, True, (-1, -1))}[case]
+    qq, kq, vq, qd, kd, vd = _inputs(2, sq, sk, h, h_kv, 32, jnp.float8_e4m3fn, seed=5)
+    extras = Operands(q_descale=qd, k_descale=kd, v_descale=vd)
+    statics = _launch.Statics(32 ** -0.5, Band.of(causal, window, sq, sk))
+    row = dict(TMA_INTERPRET_ROW, PERSISTENT=1 if case == "causal-persistent" else 0)
+    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))
+    grids = []
+
+    def run(launch):
+        grids.append(launch.grid)
+        return _interpret.run(launch)
+
+    out, lse2 = _launch.forward(run, "interpret", qq, kq, vq, extras, statics=statics, rows={"fwd": row})
+    assert grids[-1] == ((2, 1) if case == "causal-persistent" else (-(-sq // 16), 2 * h))
+    group = h // h_kv
+    ref = oracle.attention(fp8.dequantize(qq, jnp.repeat(qd, group, axis=1)), fp8.dequantize(kq, kd),
+                           fp8.dequantize(vq, vd), np.zeros(qq.shape), causal=causal, window=window)
+    assert _rel_rms(out, ref["out"]) < 0.05
+    fin = np.isfinite(ref["lse"])
+    np.testing.assert_allclose(np.asarray(lse2 * np.log(2))[fin], ref["lse"][fin], rtol=1e-4, atol=4e-3)
+
+
+FP8_TMA_ROWS = [r for r in configs.TARGETS["sm90"]["fwd+fp8"] + configs.CANDIDATES["sm90"]["fwd+fp8"] if r.get("TMA")]
+
+
+@pytest.mark.parametrize("row", FP8_TMA_ROWS, ids=lambda r: _id(("fwd", r)) + f"-p{r.get('PERSISTENT', 0)}")
+@pytest.mark.parametrize("case", ["full-ragged", "causal-gqa", "causal-whole"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_every_sm90_fp8_tma_row(row, case, monkeypatch):
+    """Each fp8 forward row through TMA (shipped or candidate), against float64 attention of the
+    dequantised inputs (test_fp8.py's bar); whole blocks persistent over 5 programs where the row is."""
+    if _triton.target() != "sm90":
+        pytest.skip("needs a Hopper GPU")
+    from jax_flash_amd import fp8
+    from test_fp8 import _inputs, _rel_rms
+    sq, sk, h, h_kv, causal = {"full-ragged": (300, 333, 4, 4, False), "causal-gqa": (300, 300, 4, 2, True),
+                               "causal-whole": (512, 512, 4, 4, True)}[case]
+    qq, kq, vq, qd, kd, vd = _inputs(2, sq, sk, h, h_kv, row["max_block_d"], jnp.float8_e4m3fn, seed=9)
+    extras = Operands(q_descale=qd, k_descale=kd, v_descale=vd)
+    statics = _launch.Statics(row["max_block_d"] ** -0.5, Band.of(causal, (-1, -1), sq, sk))
+    monkeypatch.setattr(_launch, "compute_units", lambda target: 5)
+    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))
+    out, lse2 = jax.jit(lambda q, k, v, e: _launch.forward(_triton.run, "sm90", q, k, v, e, statics=statics,
+                                                           rows={"fwd": row}))(qq, kq, vq, extras)
+    group = h // h_kv
+    ref = oracle.attention(fp8.dequantize(qq, jnp.repeat(qd, group, axis=1)), fp8.dequantize(kq, kd),
+                           fp8.dequantize(vq, vd), np.zeros(qq.shape), causal=causal)
+    assert np.isfinite(np.asarray(out, np.float32)).all()
+    assert _rel_rms(out, ref["out"]) < 0.05
+    fin = np.isfinite(ref["lse"])
+    np.testing.assert_allclose(np.asarray(lse2 * np.log(2))[fin], ref["lse"][fin], rtol=1e-4, atol=4e-3)
