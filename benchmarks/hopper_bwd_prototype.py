@@ -159,9 +159,25 @@ VARIANTS = [
 KERNELS = {"dkdv": dkdv_k, "dq": dq_k}
 
 
-def compile_all(causal):
+def compile_sm90(label, fn, sig, const, attrs, num_warps, num_stages):
+    """Compile fn for sm90 on the CPU and print what came out (warps after warp specialisation, shared
+    memory, TMA scratch, wgmma and TMA instructions), or why it failed: a variant that does not compile is
+    a result."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    t0 = time.time()
+    try:
+        c = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                           options=dict(num_warps=num_warps, num_stages=num_stages))
+        ptx = c.asm["ptx"]
+        print(f"{label} ok warps={c.metadata.num_warps} shared={c.metadata.shared} "
+              f"scratch={c.metadata.global_scratch_size} wgmma={ptx.count('wgmma.mma_async')} "
+              f"tma={ptx.count('cp.async.bulk.tensor')} {time.time() - t0:.0f}s", flush=True)
+    except Exception as e:  # noqa: BLE001
+        print(f"{label} FAIL {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+
+
+def compile_all(causal):
     for name, kern, bm, bn, w, s, tma, ws, lt in VARIANTS:
         fn = KERNELS[kern]
         n_ptr = 8 if kern == "dkdv" else 7
@@ -175,16 +191,7 @@ def compile_all(causal):
             sig[c] = "constexpr"
         attrs = {(i,): [["tt.divisibility", 16]] for i in range(n_ptr)}
         attrs[(n_ptr + 1,)] = [["tt.divisibility", 16]]
-        t0 = time.time()
-        try:
-            c = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                               options=dict(num_warps=w, num_stages=s))
-            ptx = c.asm["ptx"]
-            print(f"{name:34s} causal={causal} ok warps={c.metadata.num_warps} shared={c.metadata.shared} "
-                  f"wgmma={ptx.count('wgmma.mma_async')} "
-                  f"tma={ptx.count('cp.async.bulk.tensor')} {time.time() - t0:.0f}s", flush=True)
-        except Exception as e:  # noqa: BLE001
-            print(f"{name:34s} causal={causal} FAIL {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+        compile_sm90(f"{name:34s} causal={causal}", fn, sig, const, attrs, w, s)
 
 
 def best_seconds(torch, call, reps):

@@ -12,11 +12,10 @@ Needs Triton 3.6+; on the GPU torch (Triton's own launcher). From the repository
 """
 import argparse
 import math
-import time
 
 import triton
 import triton.language as tl
-from hopper_bwd_prototype import best_seconds  # beside this script (run as a script, see above)
+from hopper_bwd_prototype import best_seconds, compile_sm90  # beside this script (run as a script, see above)
 
 LOG2E = 1.4426950408889634
 
@@ -79,8 +78,6 @@ VARIANTS = [
 
 
 def compile_all(causal, d=128):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     for name, bm, bn, w, s, persistent, ws_tiles, ws_keys in VARIANTS:
         sig = {n: "*bf16" for n in ("Q", "K", "V", "O")}
         sig.update(LSE="*fp32", sm_scale="fp32", B="i32", seq="i32", n_tiles="i32")
@@ -88,17 +85,7 @@ def compile_all(causal, d=128):
                      WS_KEYS=ws_keys)
         sig.update({c: "constexpr" for c in const})
         attrs = {(i,): [["tt.divisibility", 16]] for i in range(5)}
-        t0 = time.time()
-        try:
-            c = triton.compile(ASTSource(fwd_k, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                               options=dict(num_warps=w, num_stages=s))
-            ptx = c.asm["ptx"]
-            print(f"{name:36s} causal={causal!s:5s} ok warps={c.metadata.num_warps} shared={c.metadata.shared} "
-                  f"scratch={c.metadata.global_scratch_size} wgmma={ptx.count('wgmma.mma_async')} "
-                  f"tma={ptx.count('cp.async.bulk.tensor')} {time.time() - t0:.0f}s", flush=True)
-        except Exception as e:  # noqa: BLE001  (a variant that does not compile is a result)
-            print(f"{name:36s} causal={causal!s:5s} FAIL {type(e).__name__}: {str(e).splitlines()[0][:200]}",
-                  flush=True)
+        compile_sm90(f"{name:36s} causal={causal!s:5s}", fwd_k, sig, const, attrs, w, s)
 
 
 def _reference(torch, q, k, v, causal):

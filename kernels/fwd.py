@@ -154,12 +154,8 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
         k_desc = K
         v_desc = V
         if USE_TMA:
-            q_desc = element_tiles(Q, batch - 1, seq_q, H * HEAD_DIM, BLOCK_M, BLOCK_D)
-            k_desc = element_tiles(K, batch - 1, seq_k, KV_H * HEAD_DIM, BLOCK_N, BLOCK_D)
-            if P8_LOG2 > 0:
-                v_desc = keys_last_tiles(V, batch * KV_H * HEAD_DIM, seq_k, BLOCK_D, BLOCK_N)
-            else:
-                v_desc = element_tiles(V, batch - 1, seq_k, KV_H * HEAD_DIM, BLOCK_N, BLOCK_D)
+            q_desc, k_desc, v_desc = _fwd_tiles(Q, K, V, batch - 1, seq_q, seq_k, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM,
+                                                BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, P8_LOG2=P8_LOG2)
         n_m = tl.cdiv(seq_q, BLOCK_M)
         for r in range(0, persistent_rounds(n_m * batch * H)):
             block, bh = persistent_tile(r, n_m, batch * H)
@@ -179,6 +175,20 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
                   BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
                   P8_LOG2=P8_LOG2, POSITIONS=POSITIONS, TMA=USE_TMA, WARP_SPECIALIZE=WARP_SPECIALIZE,
                   KEYS_EVEN=KEYS_EVEN, EDGES_FIRST=EDGES_FIRST, DESCRIPTORS=False)
+
+
+@triton.jit
+def _fwd_tiles(Q, K, V, last, seq_q, seq_k, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, P8_LOG2: tl.constexpr):
+    """The TMA path's descriptors (q, k, v) of tiles of batch elements up to `last` (masking.element_tiles;
+    fp8: V^T through keys_last_tiles): a program's own element, or the whole batch for a persistent one."""
+    k_desc = element_tiles(K, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, BLOCK_D)
+    if P8_LOG2 > 0:
+        v_desc = keys_last_tiles(V, (last + 1) * KV_H * HEAD_DIM, seq_k, BLOCK_D, BLOCK_N)
+    else:
+        v_desc = element_tiles(V, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, BLOCK_D)
+    q_desc = element_tiles(Q, last, seq_q, H * HEAD_DIM, BLOCK_M, BLOCK_D)
+    return q_desc, k_desc, v_desc
 
 
 @triton.jit
@@ -218,12 +228,8 @@ def _fwd_tile(start_m, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg,
     kv_row = b * seq_k
     if TMA:
         if not DESCRIPTORS:
-            k_desc = element_tiles(K, b, seq_k, STRIDE_KV, BLOCK_N, BLOCK_D)
-            if P8_LOG2 > 0:
-                v_desc = keys_last_tiles(V, (bh_kv + 1) * HEAD_DIM, seq_k, BLOCK_D, BLOCK_N)
-            else:
-                v_desc = element_tiles(V, b, seq_k, STRIDE_KV, BLOCK_N, BLOCK_D)
-            q_desc = element_tiles(Q, b, seq_q, STRIDE, BLOCK_M, BLOCK_D)
+            q_desc, k_desc, v_desc = _fwd_tiles(Q, K, V, b, seq_q, seq_k, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM,
+                                                BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, P8_LOG2=P8_LOG2)
         q = q_desc.load([b * seq_q + start_m, h * HEAD_DIM])
     else:
         q = load_tile(q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]
