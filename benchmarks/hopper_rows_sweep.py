@@ -2,7 +2,7 @@
 each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hopper").
 
     python -m benchmarks.hopper_rows_sweep [OUT.json [SET,...]]    # sets: d64, window, mask, d128bwd, persistent,
-                                                                   # d64persistent, fp8
+                                                                   # d64persistent, d64long, windowpersistent
 
 A case swaps the row of one kernel ("fwd", "dq" or "dkdv") and times the forward, or the whole backward
 (dQ then dK/dV: the other kernel keeps its shipped row, so a difference is the swapped kernel's). A row that
@@ -15,9 +15,8 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from jax_flash_amd import _launch, _triton, quantize_fp8
+from jax_flash_amd import _launch, _triton
 from jax_flash_amd.kernels import configs
-from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
 from jax_flash_amd.timing import median_seconds
 
@@ -53,9 +52,12 @@ D128_BWD = {
 PERSISTENT = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, PERSISTENT=0)]}
 # the D 64 forward through TMA + WS made persistent (tiled, these tiles were 0-40 % slower than the pointer row)
 D64_PERSISTENT = {"fwd": [_row(64, 128, n, 4, s, ws=True, PERSISTENT=1) for n, s in ((64, 2), (128, 2), (64, 3))]}
-# the fp8 forward through TMA (configs.CANDIDATES["sm90"]["fwd+fp8"]) against the shipped pointer row and the
-# bf16 forward (the variants' target: fp8 at most 0.714x bf16's time); "fwd+fp8" marks a set of fp8 inputs
-FP8 = {"fwd+fp8": configs.CANDIDATES["sm90"]["fwd+fp8"]}
+# the window's forward persistent, its band's query blocks not limited (configs.PERSISTENT_BANDED_BLOCKS is
+# set from the "_limits" entry for the case; a candidate set's keys are kernels otherwise)
+WINDOW_PERSISTENT = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, PERSISTENT=p) for p in (0, 1)],
+                     "_limits": dict(PERSISTENT_BANDED_BLOCKS=1 << 30)}
+# and the longer D 64 calls, tiled and persistent (where the launcher's balance rule would take it)
+D64_TILED = {"fwd": [_row(64, 128, 128, 4, 2, ws=True, PERSISTENT=p) for p in (0, 1)]}
 # what the mask costs the D 128 TMA forward: the shipped row with every block masked
 MASK_PROBE = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, KEYS_EVEN=False)]}
 
@@ -68,8 +70,10 @@ SETS = {
                    for causal in (False, True)],
     "d64persistent": [((b, n, 32, 64), causal, (-1, -1), D64_PERSISTENT) for b, n in ((16, 1024), (4, 4096))
                       for causal in (False, True)],
-    "fp8": [((4, 4096, 16, 128), True, (-1, -1), FP8), ((1, 16384, 16, 128), False, (-1, -1), FP8),
-            ((16, 1024, 16, 128), True, (-1, -1), FP8)],
+    "d64long": [((b, n, 32, 64), causal, (-1, -1), D64_TILED) for b, n, causal in
+                ((1, 16384, False), (1, 16384, True), (8, 2048, True), (2, 8192, True))],
+    "windowpersistent": [((1, 16384, 16, 128), True, (1024, 0), WINDOW_PERSISTENT),
+                         ((4, 4096, 16, 128), True, (1024, 0), WINDOW_PERSISTENT)],
     "d128bwd": [((b, n, 16, 128), causal, (-1, -1), D128_BWD) for b, n in ((4, 4096), (1, 16384))
                 for causal in (False, True)],
 }
@@ -87,23 +91,19 @@ def main(out_path, sets):
     print("target", _triton.target(), flush=True)
     target = _triton.target()
     results = []
+    shipped_limits = dict(PERSISTENT_BANDED_BLOCKS=configs.PERSISTENT_BANDED_BLOCKS)
     for (b, n, h, d), causal, window, candidates in [case for name in sets for case in SETS[name]]:
+        candidates = dict(candidates)
+        for key, value in {**shipped_limits, **candidates.pop("_limits", {})}.items():
+            setattr(configs, key, value)
         ks = jax.random.split(jax.random.key(0), 4)
         q, k, v, do = (jax.random.normal(x, (b, n, h, d), jnp.bfloat16) for x in ks)
         statics = _launch.Statics(d ** -0.5, Band.of(causal, window, n, n))
         dlse = jnp.zeros((b, h, n), jnp.float32)
         line = dict(shape=(b, n, h, d), causal=causal, window=window)
-        extras = Operands()
-        if "fwd+fp8" in candidates:  # fp8 inputs (forward only), against the bf16 forward too
-            line["bf16_fwd_ms"] = round(median_seconds(jax.jit(lambda q, k, v: _launch.forward(
-                _triton.run, target, q, k, v, statics=statics)), q, k, v, budget_s=0.3) * 1e3, 4)
-            (q, qd), (k, kd), (v, vd) = (quantize_fp8(x, jnp.float8_e4m3fn) for x in (q, k, v))
-            extras = Operands(q_descale=qd, k_descale=kd, v_descale=vd)
-            candidates = {"fwd": candidates["fwd+fp8"]}
 
         def fwd(rows):
-            return jax.jit(lambda q, k, v: _launch.forward(_triton.run, target, q, k, v, extras, statics=statics,
-                                                           rows=rows))
+            return jax.jit(lambda q, k, v: _launch.forward(_triton.run, target, q, k, v, statics=statics, rows=rows))
 
         out, lse = fwd(None)(q, k, v)
 
@@ -116,7 +116,7 @@ def main(out_path, sets):
             ref["bwd"] = bwd(None)(q, k, v, out, lse, do)
         args = {"fwd": (q, k, v), "bwd": (q, k, v, out, lse, do)}
         make = {"fwd": fwd, "bwd": bwd}
-        if "fwd" in candidates and window == (-1, -1) and extras.q_descale is None:  # the peer, same run
+        if "fwd" in candidates and window == (-1, -1):  # the peer, same run
             cudnn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                                          implementation="cudnn"))
             line["cudnn_fwd_ms"] = round(median_seconds(cudnn, q, k, v, budget_s=0.3) * 1e3, 4)

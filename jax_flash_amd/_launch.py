@@ -130,11 +130,10 @@ def _kind(q, k, statics: Statics) -> str:
 
 
 def _takes_tma(q, statics: Statics, extras: Operands) -> bool:
-    """Whether a call may take the TMA rows (sm90, kernels/fwd.py and bwd.py): 16-bit inputs (fp8: the
-    forward, which is all fp8 has) with a power-of-two head (whole-tile descriptors), without dropout or
-    segment ids (Triton 3.6's warp-specialisation pass fails to compile those loops). Others take the
-    target's pointer rows."""
-    return ((jnp.dtype(q.dtype).itemsize == 2 or fp8.is_fp8(q.dtype)) and block_d(q.shape[3], q.dtype) == q.shape[3]
+    """Whether a call may take the TMA rows (sm90, kernels/fwd.py and bwd.py): 16-bit inputs with a
+    power-of-two head (whole-tile descriptors), without dropout or segment ids (Triton 3.6's
+    warp-specialisation pass fails to compile those loops). Others take the target's pointer rows."""
+    return (jnp.dtype(q.dtype).itemsize == 2 and block_d(q.shape[3], q.dtype) == q.shape[3]
             and statics.dropout_p == 0 and extras.q_segment_ids is None)
 
 
@@ -183,6 +182,16 @@ def persistent_programs(per_unit: int, target: str, n_blocks: int, rows: int, bl
     return programs if work.max() <= configs.PERSISTENT_BALANCE * work.mean() else 0
 
 
+def _persistent(blocks: dict, target: str, rows: int, sq: int, sk: int, band: rules.Band) -> int:
+    """persistent_programs for a forward config (its PERSISTENT: programs per compute unit), 0 where it is
+    not persistent: one descriptor per tensor serves only tiles that never cross a batch element, so only
+    calls of whole query and key blocks."""
+    if not blocks.get("PERSISTENT") or sq % blocks["BLOCK_M"] or sk % blocks["BLOCK_N"]:
+        return 0
+    return persistent_programs(blocks["PERSISTENT"], target, _cdiv(sq, blocks["BLOCK_M"]), rows, blocks["BLOCK_M"],
+                               blocks["BLOCK_N"], sq, sk, band)
+
+
 def keys_last(run: Run, target: str, v):
     """v (batch, seq_k, heads, D) as (batch, heads, D, seq_k rounded up to 16), zero-padded: the layout
     the fp8 forward reads (kernels/fwd.py)."""
@@ -205,8 +214,13 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
     (autotuning)."""
     b, sq, h, _ = q.shape
     fp8_inputs = fp8.is_fp8(q.dtype)
-    blocks, options = pick_config(target, "fwd", q.shape[3], q.dtype, rows, _kind(q, k, statics),
-                                  tma=_takes_tma(q, statics, extras))
+    pick = functools.partial(pick_config, target, "fwd", q.shape[3], q.dtype, rows, _kind(q, k, statics),
+                             tma=_takes_tma(q, statics, extras), banded_seq_q=sq if statics.band.sides else 0)
+    blocks, options = pick()
+    programs = _persistent(blocks, target, b * h, sq, k.shape[1], statics.band)
+    if not programs:  # the rows that serve only calls they run persistent give way to the next
+        blocks, options = pick(persistent=False)
+        programs = _persistent(blocks, target, b * h, sq, k.shape[1], statics.band)
     if fp8_inputs:
         v = keys_last(run, target, v)
     scalars, constexprs = _common(q, k, statics)
@@ -214,12 +228,6 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
     grid = (n_blocks, b * h)
     if blocks.get("TMA"):  # kernels/fwd.py: the TMA loop goes unmasked when every key block is whole
         constexprs["KEYS_EVEN"] = k.shape[1] % blocks["BLOCK_N"] == 0
-    # persistent (the row's PERSISTENT: programs per compute unit): one descriptor per tensor serves only
-    # tiles that never cross a batch element
-    programs = 0
-    if blocks.get("PERSISTENT") and sq % blocks["BLOCK_M"] == 0 and k.shape[1] % blocks["BLOCK_N"] == 0:
-        programs = persistent_programs(blocks["PERSISTENT"], target, n_blocks, b * h, blocks["BLOCK_M"],
-                                       blocks["BLOCK_N"], sq, k.shape[1], statics.band)
     blocks = dict(blocks, PERSISTENT=programs > 0)
     if programs:
         grid = (programs, 1)

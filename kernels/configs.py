@@ -7,7 +7,9 @@ with float8 inputs (jax_flash_amd/_launch.py: row_kind). A launch takes the firs
 BLOCK_D * itemsize / 2: float32 inputs take the row of a head twice as wide, since their tiles need
 twice the registers and shared memory. A row with ``max_itemsize`` serves only inputs of at most that
 many bytes per element (float32 calls skip to the next row of the same width), one with ``min_block_d``
-only heads at least that wide (narrower ones go on to the next row). Upper-case keys are the
+only heads at least that wide (narrower ones go on to the next row), one with ``max_banded_seq_q`` (the
+forward) calls bounded by a band (causal, window) only up to that many queries, one with ``persistent_only``
+only the calls it runs persistent (jax_flash_amd/_launch.py forward). Upper-case keys are the
 kernel's constexprs (BLOCK_*; dK/dV's SPLIT, default False: dK and dV from separate programs; the forward's
 PERSISTENT, programs per compute unit of a persistent grid, jax_flash_amd/_launch.py persistent_programs), other
 lower-case ones compiler options (num_warps, num_stages; on HIP also waves_per_eu and matrix_instr_nonkdim, which need
@@ -146,7 +148,8 @@ _CUDA_TARGET = {
 # sm90, D 128, bf16, H200 (Triton 3.6), forward / cuDNN's: TMA + warp specialisation 128 x 128 x 4 warps x
 # 2 stages 0.85 / 0.89 / 0.91 at N 1024 / 4096 / 16384 (causal 0.74 / 0.83 / 0.88) against 0.74-0.77
 # (0.71-0.84) for the pointer row. 3 stages: 262 KB of shared memory; 128 x 64: slower; 128 x 64 x 3
-# stages and 128 x 128 x 3 at D 64: NaN (Triton 3.6). D 64: the pointer row stays (0.89-0.92 vs 0.74-0.91).
+# stages and 128 x 128 x 3 at D 64: NaN (Triton 3.6). D 64 one program per tile: the pointer row is faster
+# (0.89-0.92 vs 0.74-0.91); persistent: _SM90_FWD64_TMA below.
 # PERSISTENT=1: one program per SM looping over tiles where the schedule is balanced (_launch.py
 # persistent_programs), H200, bf16, D 128, forward ms, cuDNN / one program per tile / persistent, same run
 # (benchmarks/hopper_rows_sweep.py persistent): 16 x 1024 x 16 0.254 / 0.326 / 0.282, causal 0.184 / 0.245 /
@@ -156,6 +159,15 @@ _CUDA_TARGET = {
 # 7-20 % slower.
 _SM90_FWD_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2, TMA=True,
                      WARP_SPECIALIZE=True, PERSISTENT=1)
+# D 33-64: the same row where it is persistent, H200, bf16, 32 heads, forward ms, cuDNN / the pointer row / this
+# (benchmarks/hopper_rows_sweep.py d64persistent, d64long): 16 x 1024 0.351 / 0.406 / 0.366, 4 x 4096 1.281 /
+# 1.403 / 1.364, 1 x 16384 4.852 / 5.350 / 5.270; causal 16 x 1024 0.232 / 0.275 / 0.265, but 8 x 2048 0.384 /
+# 0.446 / 0.464, 4 x 4096 0.705 / 0.797 / 0.860, 2 x 8192 (tiled) 1.312 / 1.472 / 1.756, 1 x 16384 (tiled)
+# 2.515 / 2.833 / 3.250: every block of a band is masked in its one loop, so banded calls take it only up to
+# 1024 queries. One program per tile it is slower at short loops (16 x 1024 full 0.490 against the pointer
+# row's 0.394 in an earlier sweep; 1 x 16384 5.343 against 5.270 persistent), so only calls it runs persistent
+# take it. 128 x 64 tiles 6-30 % slower; 3 stages: NaN (Triton 3.6).
+_SM90_FWD64_TMA = dict(_SM90_FWD_TMA, max_block_d=64, min_block_d=64, max_banded_seq_q=1024, persistent_only=True)
 PERSISTENT_BALANCE = 1.05  # _launch.py persistent_programs: the busiest program's work / the mean, at most
 # and with a band (causal) at most this many query blocks per row: forward ms, D 128, causal, tiled /
 # persistent: 64 x 512 x 16 0.338 / 0.225, 2 x 2048 0.119 / 0.091, 4 x 4096 0.643 / 0.611 (32 blocks), 2 x
@@ -175,7 +187,7 @@ _SM90_DQ_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=64, BLOCK_N=64, num
 # (causal 0.84 / 2.40 / 8.78 vs 0.85 / 2.51 / 8.99; 2 stages the same, 128 x 32 and 128 x 64 slower); dK/dV
 # TMA + WS 128 x 128 x 4 x 2 1.25 / 4.05 / 15.46 (causal 0.97 / 2.53 / 8.77): faster from N 4096 but for
 # causal N 4096, slower at N 1024 (causal: 15 %, the loops are 1-8 blocks long and all masked); 64 x 128 and
-# 64 / 128 x 64 slower. The D 64 forward keeps the pointer row (TMA + WS 128 x 64 / 128 x 128: 0-40 % slower).
+# 64 / 128 x 64 slower. (The D 64 forward: _SM90_FWD64_TMA above.)
 # D <= 32 keeps the pointer rows (not measured with TMA: min_block_d).
 _SM90_DKDV64_TMA = dict(_SM90_DKDV_TMA, max_block_d=64, min_block_d=64, BLOCK_M=128)
 _SM90_DQ64_TMA = dict(_SM90_DQ_TMA, max_block_d=64, min_block_d=64, num_stages=3)
@@ -190,7 +202,7 @@ def _sm90(rows, *tma_rows):
     return rows
 
 
-_SM90_TARGET = {**_CUDA_TARGET, "fwd": _sm90(_CUDA["fwd"], _SM90_FWD_TMA),
+_SM90_TARGET = {**_CUDA_TARGET, "fwd": _sm90(_CUDA["fwd"], _SM90_FWD_TMA, _SM90_FWD64_TMA),
                 "dkdv": _sm90(_CUDA["dkdv"], _SM90_DKDV_TMA, _SM90_DKDV64_TMA),
                 # grouped heads: the same row at D 128 (32 query / 8 key-value heads: backward 0.96-0.97x MHA's,
                 # H200); D 64 not measured with GQA
@@ -206,8 +218,9 @@ _SM90_TARGET = {**_CUDA_TARGET, "fwd": _sm90(_CUDA["fwd"], _SM90_FWD_TMA),
 TARGETS = {
     # NVIDIA sm80 and later (H100/H200 measured)
     "cuda": _CUDA_TARGET,
-    # Hopper (sm90: H100/H200): the CUDA rows, but 16-bit calls at D 65-128 through TMA descriptors, the
-    # forward and dK/dV with warp specialisation, and at D 33-64 dK/dV and dQ (kernels/fwd.py, bwd.py;
+    # Hopper (sm90: H100/H200): the CUDA rows, but 16-bit calls at D 33-128 through TMA descriptors, the
+    # forward and dK/dV with warp specialisation (at D 33-64 the forward only where it runs persistent and,
+    # causal, up to 1024 queries) (kernels/fwd.py, bwd.py;
     # which calls: jax_flash_amd/_launch.py _takes_tma). tests/test_sm90.py runs every TMA row on the GPU.
     "sm90": _SM90_TARGET,
     "gfx90a": _hip("gfx90a"),  # MI200: 64 KiB LDS
@@ -297,21 +310,11 @@ def _with_tma(rows, tma_rows):
     return tma_rows + rows
 
 
-# fp8 forward rows through TMA (kernels/fwd.py keys_last_tiles: K and V^T by descriptors), D 128: compiled for
-# sm90 (12 warps, no spills, 82-164 KB of shared memory), checked in the interpreter, not yet timed: the
-# next H200 run times them (benchmarks/hopper_rows_sweep.py fp8) and tests them (tests/test_sm90.py). Not
-# autotuned (fp8 calls take the default rows).
-_SM90_FP8_TMA = [dict(_SM90_FWD_TMA, PERSISTENT=0, num_stages=s) for s in (2, 3, 4)] + [
-    dict(_SM90_FWD_TMA, PERSISTENT=0, BLOCK_N=64, num_stages=3),
-    dict(_SM90_FWD_TMA, BLOCK_M=64, PERSISTENT=0, WARP_SPECIALIZE=False, num_stages=3),
-    dict(_SM90_FWD_TMA, num_stages=3)]
-
 CANDIDATES = {
     "cuda": _CUDA_CANDIDATES,
     "sm90": {**_CUDA_CANDIDATES, "fwd": _with_tma(_CUDA_CANDIDATES["fwd"], [_SM90_FWD_TMA]),
              "dkdv": _with_tma(_CUDA_CANDIDATES["dkdv"], [_SM90_DKDV64_TMA, _SM90_DKDV_TMA]),
-             "dq": _with_tma(_CUDA_CANDIDATES["dq"], [_SM90_DQ64_TMA, _SM90_DQ_TMA]),
-             "fwd+fp8": _SM90_FP8_TMA},
+             "dq": _with_tma(_CUDA_CANDIDATES["dq"], [_SM90_DQ64_TMA, _SM90_DQ_TMA])},
     "gfx90a": _hip_candidates(),
     "gfx942": _hip_candidates(),
     "gfx950": _hip_candidates(),

@@ -33,15 +33,6 @@ def keys_padded(seq_k):
 
 
 @triton.jit
-def keys_last_tiles(Vt, rows, seq_k, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A TMA descriptor of [BLOCK_D, BLOCK_N] tiles of the fp8 forward's V^T (batch, KV_H, HEAD_DIM,
-    keys_padded(seq_k)) viewed as (batch * KV_H * HEAD_DIM, keys_padded(seq_k)), bounded at `rows`: the
-    tile at (bh_kv * HEAD_DIM, j) is keys j.. of key/value head bh_kv (a whole head: BLOCK_D == HEAD_DIM)."""
-    pad = keys_padded(seq_k)
-    return tl.make_tensor_descriptor(Vt, shape=[rows, pad], strides=[pad, 1], block_shape=[BLOCK_D, BLOCK_N])
-
-
-@triton.jit
 def _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_row, kv_col, start_n, start_m, seq_q, seq_k, lo_off, hi_off,
                diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -69,13 +60,9 @@ def _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_row, kv_col, start_n, sta
         p = tl.where(keep(seed, start_m + pos_q, start_n + pos_k, DROP_THRESHOLD, BLOCK_M, BLOCK_N,
                           ANY_START=POSITIONS), p, 0.0)
     if P8_LOG2 > 0:  # v_base: this head's V^T, rows seq_k rounded up to 16 apart
-        if TMA:  # v_desc: keys_last_tiles; this head's rows start at bh_kv * HEAD_DIM = b * STRIDE_KV + kv_col
-            v = tl.trans(v_desc.load([b * STRIDE_KV + kv_col, start_n]))
-        else:
-            stride_vt = keys_padded(seq_k)
-            # bounded by the padded length (zeros past seq_k, where P is 0): a mask constant over 16 keys
-            v = tl.trans(load_tile(v_base, offs_d, offs_n, stride_vt, HEAD_DIM, stride_vt, BLOCK_D != HEAD_DIM,
-                                   MASKED))
+        stride_vt = keys_padded(seq_k)
+        # bounded by the padded length (zeros past seq_k, where P is 0): a mask constant over 16 keys
+        v = tl.trans(load_tile(v_base, offs_d, offs_n, stride_vt, HEAD_DIM, stride_vt, BLOCK_D != HEAD_DIM, MASKED))
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     else:
         if TMA:
@@ -134,8 +121,8 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     SEGMENTS: segment ids, Positions (batch, 3) int32 / POSITIONS: the call as a block of a larger one
     (masking.py); softcap / SOFTCAP and Slopes (batch, H) fp32 / ALIBI: logit modifiers (scores.py);
     Seeds (batch, H, 2) uint32, keep_scale, DROP_THRESHOLD: dropout (dropout.py); QDescale, KDescale,
-    VDescale / P8_LOG2: fp8 inputs (above). TMA (Hopper config rows): Q, K and V (fp8: V^T) move through
-    device-side TMA descriptors where the head is a power of two and the inputs 16-bit or fp8;
+    VDescale / P8_LOG2: fp8 inputs (above). TMA (Hopper config rows): Q, K and V move through
+    device-side TMA descriptors where the head is a power of two and the inputs 16-bit;
     WARP_SPECIALIZE then splits the key loop into producer and consumer warps (sm90 rows, kernels/configs.py;
     which calls take them: jax_flash_amd/_launch.py _takes_tma), KEYS_EVEN says every key block is whole.
     EDGES_FIRST (config rows): the masked key blocks at the band's edges before the unmasked ones; the
@@ -146,16 +133,15 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     masking.persistent_tile's order, with the TMA descriptors made once per program, over the whole
     tensors (no tile crosses a batch element). Otherwise one program per (query block, batch * H), and
     batch is unused."""
-    # the TMA path: a TMA row, 16-bit or fp8 inputs, a whole-tile head
-    USE_TMA: tl.constexpr = (TMA & ((Q.dtype.element_ty.primitive_bitwidth == 16) | (P8_LOG2 > 0))
-                             & (BLOCK_D == HEAD_DIM))
+    # the TMA path: a TMA row, 16-bit inputs, a whole-tile head
+    USE_TMA: tl.constexpr = TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM)
     if PERSISTENT:
         q_desc = Q
         k_desc = K
         v_desc = V
         if USE_TMA:
             q_desc, k_desc, v_desc = _fwd_tiles(Q, K, V, batch - 1, seq_q, seq_k, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM,
-                                                BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, P8_LOG2=P8_LOG2)
+                                                BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
         n_m = tl.cdiv(seq_q, BLOCK_M)
         for r in range(0, persistent_rounds(n_m * batch * H)):
             block, bh = persistent_tile(r, n_m, batch * H)
@@ -179,14 +165,11 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
 
 @triton.jit
 def _fwd_tiles(Q, K, V, last, seq_q, seq_k, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, P8_LOG2: tl.constexpr):
-    """The TMA path's descriptors (q, k, v) of tiles of batch elements up to `last` (masking.element_tiles;
-    fp8: V^T through keys_last_tiles): a program's own element, or the whole batch for a persistent one."""
+               BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The TMA path's descriptors (q, k, v) of tiles of batch elements up to `last` (masking.element_tiles):
+    a program's own element, or the whole batch for a persistent one."""
     k_desc = element_tiles(K, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, BLOCK_D)
-    if P8_LOG2 > 0:
-        v_desc = keys_last_tiles(V, (last + 1) * KV_H * HEAD_DIM, seq_k, BLOCK_D, BLOCK_N)
-    else:
-        v_desc = element_tiles(V, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, BLOCK_D)
+    v_desc = element_tiles(V, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, BLOCK_D)
     q_desc = element_tiles(Q, last, seq_q, H * HEAD_DIM, BLOCK_M, BLOCK_D)
     return q_desc, k_desc, v_desc
 
@@ -229,7 +212,7 @@ def _fwd_tile(start_m, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg,
     if TMA:
         if not DESCRIPTORS:
             q_desc, k_desc, v_desc = _fwd_tiles(Q, K, V, b, seq_q, seq_k, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM,
-                                                BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, P8_LOG2=P8_LOG2)
+                                                BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
         q = q_desc.load([b * seq_q + start_m, h * HEAD_DIM])
     else:
         q = load_tile(q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # [BM, BD]

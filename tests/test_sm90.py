@@ -169,12 +169,13 @@ def test_which_calls_take_the_tma_rows(case, takes):
         assert bool(blocks.get("TMA")) == rule(q, statics, extras), kernel
 
 
-@pytest.mark.parametrize("d, tma", [(16, {}), (32, {}), (48, {}), (64, {"dq", "dkdv"}), (96, {}),
+@pytest.mark.parametrize("d, tma", [(16, {}), (32, {}), (48, {}), (64, {"fwd", "dq", "dkdv"}), (96, {}),
                                     (128, {"fwd", "dq", "dkdv"})])
 def test_which_head_widths_have_tma_rows(d, tma):
-    """sm90's TMA rows by head width (16-bit): D 65-128 all three kernels, D 33-64 dQ and dK/dV (the D 64
-    forward keeps its pointer row; configs.py min_block_d keeps D <= 32 on the pointer rows, not measured
-    with TMA); a head that is not a power of two (48, 96) never (whole-tile descriptors)."""
+    """sm90's TMA rows by head width (16-bit): D 33-128 all three kernels (the D 64 forward's only where
+    it runs persistent: test_which_d64_forwards_take_the_tma_row; configs.py min_block_d keeps D <= 32 on
+    the pointer rows, not measured with TMA); a head that is not a power of two (48, 96) never (whole-tile
+    descriptors)."""
     q = jnp.zeros((1, 256, 2, d), jnp.bfloat16)
     statics = _launch.Statics(d ** -0.5, Band.of(False, (-1, -1), 256, 256))
     extras = Operands()
@@ -240,6 +241,29 @@ def test_which_forwards_run_persistent(shape, causal, persistent, monkeypatch):
 
     _launch.forward(run, "sm90", x, x, x, statics=_launch.Statics(0.1, Band.of(causal, (-1, -1), n, n)))
     assert grids == [((132, 1), True) if persistent else ((n // 128, b * h), False)]
+
+
+@pytest.mark.parametrize("shape, d, causal, tma, persistent", [
+    ((16, 1024, 32), 64, False, True, True), ((16, 1024, 32), 64, True, True, True),
+    ((1, 16384, 32), 64, False, True, True), ((4, 4096, 32), 64, True, False, False),
+    ((1, 16384, 32), 64, True, False, False), ((2, 1000, 32), 64, False, False, False),
+    ((1, 133 * 128, 1), 64, False, False, False), ((2, 1000, 16), 128, False, True, False)])
+def test_which_d64_forwards_take_the_tma_row(shape, d, causal, tma, persistent, monkeypatch):
+    """sm90's D 64 forward row through TMA (configs.py: persistent_only, max_banded_seq_q) serves only calls
+    it runs persistent, and causal ones only up to 1024 queries; the others (longer causal calls, ragged
+    blocks, an unbalanced schedule: 133 tiles on 132 programs) take the pointer row. The D 128 TMA row
+    also serves calls it runs tiled (ragged)."""
+    monkeypatch.setattr(_launch, "compute_units", lambda target: 132)
+    b, n, h = shape
+    x = jax.ShapeDtypeStruct((b, n, h, d), jnp.bfloat16)
+    seen = []
+
+    def run(launch):
+        seen.append((bool(launch.constexprs.get("TMA")), launch.constexprs["PERSISTENT"]))
+        return launch.out_shapes
+
+    _launch.forward(run, "sm90", x, x, x, statics=_launch.Statics(0.1, Band.of(causal, (-1, -1), n, n)))
+    assert seen == [(tma, persistent)]
 
 
 PERSISTENT_CASES = {
@@ -320,67 +344,3 @@ def test_every_sm90_forward_row_persistent(row, causal, variant, monkeypatch):
                                                                rows={"fwd": row}))(q, k, v, Operands(slopes=slopes))
         assert np.isfinite(np.asarray(out, np.float32)).all()
         assert_close(dict(out=out, lse=lse2 * np.log(2)), ref, base, jnp.bfloat16, names=("out", "lse"))
-
-
-@pytest.mark.parametrize("case", ["full-ragged", "causal-gqa", "window", "causal-persistent"])
-@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
-def test_fp8_tma_path_in_the_interpreter(case, monkeypatch):
-    """The fp8 forward through TMA (K and V^T by descriptors: kernels/fwd.py keys_last_tiles), tiled and
-    persistent, against float64 attention of the dequantised inputs (test_fp8.py's bar)."""
-    from jax_flash_amd import _interpret, fp8
-    from test_fp8 import _inputs, _rel_rms
-    _interpret.check_available()
-    sq, sk, h, h_kv, causal, window = {
-        "full-ragged": (45, 37, 2, 2, False, (-1, -1)), "causal-gqa": (48, 64, 4, 2, True, (-1, -1)),
-        "window": (44, 44, 2, 1, False, (9, 4)), "causal-persistent": (64, 64, 4, 2, True, (-1, -1))}[case]
-    qq, kq, vq, qd, kd, vd = _inputs(2, sq, sk, h, h_kv, 32, jnp.float8_e4m3fn, seed=5)
-    extras = Operands(q_descale=qd, k_descale=kd, v_descale=vd)
-    statics = _launch.Statics(32 ** -0.5, Band.of(causal, window, sq, sk))
-    row = dict(TMA_INTERPRET_ROW, PERSISTENT=1 if case == "causal-persistent" else 0)
-    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))
-    grids = []
-
-    def run(launch):
-        grids.append(launch.grid)
-        return _interpret.run(launch)
-
-    out, lse2 = _launch.forward(run, "interpret", qq, kq, vq, extras, statics=statics, rows={"fwd": row})
-    assert grids[-1] == ((2, 1) if case == "causal-persistent" else (-(-sq // 16), 2 * h))
-    group = h // h_kv
-    ref = oracle.attention(fp8.dequantize(qq, jnp.repeat(qd, group, axis=1)), fp8.dequantize(kq, kd),
-                           fp8.dequantize(vq, vd), np.zeros(qq.shape), causal=causal, window=window)
-    assert _rel_rms(out, ref["out"]) < 0.05
-    fin = np.isfinite(ref["lse"])
-    np.testing.assert_allclose(np.asarray(lse2 * np.log(2))[fin], ref["lse"][fin], rtol=1e-4, atol=4e-3)
-
-
-FP8_TMA_ROWS = [r for r in configs.TARGETS["sm90"]["fwd+fp8"] + configs.CANDIDATES["sm90"]["fwd+fp8"] if r.get("TMA")]
-
-
-@pytest.mark.parametrize("row", FP8_TMA_ROWS, ids=lambda r: _id(("fwd", r)) + f"-p{r.get('PERSISTENT', 0)}")
-@pytest.mark.parametrize("case", ["full-ragged", "causal-gqa", "causal-whole"])
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-def test_every_sm90_fp8_tma_row(row, case, monkeypatch):
-    """Each fp8 forward row through TMA (shipped or candidate), against float64 attention of the
-    dequantised inputs (test_fp8.py's bar); whole blocks persistent over 5 programs where the row is."""
-    if _triton.target() != "sm90":
-        pytest.skip("needs a Hopper GPU")
-    from jax_flash_amd import fp8
-    from test_fp8 import _inputs, _rel_rms
-    sq, sk, h, h_kv, causal = {"full-ragged": (300, 333, 4, 4, False), "causal-gqa": (300, 300, 4, 2, True),
-                               "causal-whole": (512, 512, 4, 4, True)}[case]
-    qq, kq, vq, qd, kd, vd = _inputs(2, sq, sk, h, h_kv, row["max_block_d"], jnp.float8_e4m3fn, seed=9)
-    extras = Operands(q_descale=qd, k_descale=kd, v_descale=vd)
-    statics = _launch.Statics(row["max_block_d"] ** -0.5, Band.of(causal, (-1, -1), sq, sk))
-    monkeypatch.setattr(_launch, "compute_units", lambda target: 5)
-    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))
-    out, lse2 = jax.jit(lambda q, k, v, e: _launch.forward(_triton.run, "sm90", q, k, v, e, statics=statics,
-                                                           rows={"fwd": row}))(qq, kq, vq, extras)
-    group = h // h_kv
-    ref = oracle.attention(fp8.dequantize(qq, jnp.repeat(qd, group, axis=1)), fp8.dequantize(kq, kd),
-                           fp8.dequantize(vq, vd), np.zeros(qq.shape), causal=causal)
-    assert np.isfinite(np.asarray(out, np.float32)).all()
-    assert _rel_rms(out, ref["out"]) < 0.05
-    fin = np.isfinite(ref["lse"])
-    np.testing.assert_allclose(np.asarray(lse2 * np.log(2))[fin], ref["lse"][fin], rtol=1e-4, atol=4e-3)
