@@ -2,7 +2,8 @@
 each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hopper").
 
     python -m benchmarks.hopper_rows_sweep [OUT.json [SET,...]]    # sets: d64, window, mask, d128bwd, persistent,
-                                                                   # d64persistent, d64long, windowpersistent
+                                                                   # d64persistent, d64long, windowpersistent, windowany,
+                                                                   # tail
 
 A case swaps the row of one kernel ("fwd", "dq" or "dkdv") and times the forward, or the whole backward
 (dQ then dK/dV: the other kernel keeps its shipped row, so a difference is the swapped kernel's). A row that
@@ -56,6 +57,8 @@ D64_PERSISTENT = {"fwd": [_row(64, 128, n, 4, s, ws=True, PERSISTENT=1) for n, s
 # set from the "_limits" entry for the case; a candidate set's keys are kernels otherwise)
 WINDOW_PERSISTENT = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, PERSISTENT=p) for p in (0, 1)],
                      "_limits": dict(PERSISTENT_BANDED_BLOCKS=1 << 30)}
+# the same with the balance rule lifted too (persistent whatever the schedule)
+WINDOW_ANY = dict(WINDOW_PERSISTENT, _limits=dict(PERSISTENT_BANDED_BLOCKS=1 << 30, PERSISTENT_BALANCE=float("inf")))
 # and the longer D 64 calls, tiled and persistent (where the launcher's balance rule would take it)
 D64_TILED = {"fwd": [_row(64, 128, 128, 4, 2, ws=True, PERSISTENT=p) for p in (0, 1)]}
 # what the mask costs the D 128 TMA forward: the shipped row with every block masked
@@ -74,6 +77,10 @@ SETS = {
                 ((1, 16384, False), (1, 16384, True), (8, 2048, True), (2, 8192, True))],
     "windowpersistent": [((1, 16384, 16, 128), True, (1024, 0), WINDOW_PERSISTENT),
                          ((4, 4096, 16, 128), True, (1024, 0), WINDOW_PERSISTENT)],
+    "windowany": [((b, 16384 // b, 16, 128), True, (1024, 0), WINDOW_ANY) for b in (1, 2, 4)],
+    # a call the balance rule against the tiled grid's finish takes persistent (shipped) that the rule against
+    # the mean work did not (1 x 2048 x 16; x 32 was persistent under both), against one program per tile
+    "tail": [((1, 2048, 16, 128), True, (-1, -1), PERSISTENT), ((1, 2048, 32, 128), True, (-1, -1), PERSISTENT)],
     "d128bwd": [((b, n, 16, 128), causal, (-1, -1), D128_BWD) for b, n in ((4, 4096), (1, 16384))
                 for causal in (False, True)],
 }
@@ -91,7 +98,8 @@ def main(out_path, sets):
     print("target", _triton.target(), flush=True)
     target = _triton.target()
     results = []
-    shipped_limits = dict(PERSISTENT_BANDED_BLOCKS=configs.PERSISTENT_BANDED_BLOCKS)
+    shipped_limits = dict(PERSISTENT_BANDED_BLOCKS=configs.PERSISTENT_BANDED_BLOCKS,
+                          PERSISTENT_BALANCE=configs.PERSISTENT_BALANCE)
     for (b, n, h, d), causal, window, candidates in [case for name in sets for case in SETS[name]]:
         candidates = dict(candidates)
         for key, value in {**shipped_limits, **candidates.pop("_limits", {})}.items():

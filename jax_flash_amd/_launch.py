@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import inspect
 from typing import Any, Callable
 
@@ -162,12 +163,14 @@ def persistent_programs(per_unit: int, target: str, n_blocks: int, rows: int, bl
                         sk: int, band: rules.Band) -> int:
     """Programs of a persistent forward's grid (kernels/fwd.py PERSISTENT), or 0 for one program per tile.
     Persistent saves each tile's fixed cost (descriptors, pipeline fill), but fixes in advance which
-    tiles a program runs (masking.persistent_tile), so it is taken only where that schedule is balanced:
-    the busiest program's work at most configs.PERSISTENT_BALANCE times the mean, a tile's work counted
-    as the key blocks its rows see (the band) plus one (causal 1 x 16384 x 16, D 128: 1.5x; H200 3.03 ms
-    against 2.22 tiled). With a band, also only up to configs.PERSISTENT_BANDED_BLOCKS query blocks per
-    row: beyond, persistent measured slower though balanced (causal 1 x 131072 x 16: 150 ms against 132)."""
-    if band.sides and n_blocks > configs.PERSISTENT_BANDED_BLOCKS:
+    tiles a program runs (masking.persistent_tile), so it is taken only where that schedule is about as
+    balanced as the tiled grid's: the busiest program's work at most configs.PERSISTENT_BALANCE times the
+    tiled grid's finish (_tiled_finish), a tile's work counted as the key blocks its rows see (the band)
+    plus one (causal 1 x 16384 x 16, D 128: 1.5x; H200 3.03 ms against 2.22 tiled). With a band other than
+    a narrow window (configs.NARROW_WINDOW), also only up to configs.PERSISTENT_BANDED_BLOCKS query blocks
+    per row: beyond, persistent measured slower though balanced (causal 1 x 131072 x 16: 150 ms against
+    132), while a window's short key ranges measured faster at every length (configs.py)."""
+    if band.sides and not band.narrow(configs.NARROW_WINDOW) and n_blocks > configs.PERSISTENT_BANDED_BLOCKS:
         return 0
     programs = min(per_unit * compute_units(target), n_blocks * rows)
     lo_off, hi_off = band.offsets(sq, sk)
@@ -179,7 +182,22 @@ def persistent_programs(per_unit: int, target: str, n_blocks: int, rows: int, bl
     rounds, column = np.divmod(i, programs)
     column = np.where(rounds % 2 == 1, programs - 1 - column, column)  # masking._column's snake
     work = np.bincount(column, cost[n_blocks - 1 - i % n_blocks], programs)
-    return programs if work.max() <= configs.PERSISTENT_BALANCE * work.mean() else 0
+    return programs if work.max() <= configs.PERSISTENT_BALANCE * _tiled_finish(cost[::-1], rows, programs) else 0
+
+
+def _tiled_finish(row_costs, rows: int, slots: int) -> float:
+    """When a grid of one program per tile would finish, in tile work: rows x row_costs (a row's tiles in
+    launch order) handed to `slots` programs at a time, each slot taking the next tile when free (greedy,
+    as the GPU's block scheduler does). It pays the same last-wave tail a persistent schedule does (16 x
+    1024 x 16 tiles on 132 SMs: 15.5 rounds), which a comparison with the mean work would count against
+    persistent only. Beyond 2^16 tiles the tail is negligible: the mean."""
+    n = len(row_costs) * rows
+    if n > 1 << 16:
+        return float(np.sum(row_costs)) * rows / slots
+    free = [0.0] * slots
+    for c in np.tile(row_costs, rows).tolist():
+        heapq.heapreplace(free, free[0] + c)
+    return max(free)
 
 
 def _persistent(blocks: dict, target: str, rows: int, sq: int, sk: int, band: rules.Band) -> int:

@@ -168,10 +168,15 @@ _SM90_FWD_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=128, BLOCK_N=128, 
 # row's 0.394 in an earlier sweep; 1 x 16384 5.343 against 5.270 persistent), so only calls it runs persistent
 # take it. 128 x 64 tiles 6-30 % slower; 3 stages: NaN (Triton 3.6).
 _SM90_FWD64_TMA = dict(_SM90_FWD_TMA, max_block_d=64, min_block_d=64, max_banded_seq_q=1024, persistent_only=True)
-PERSISTENT_BALANCE = 1.05  # _launch.py persistent_programs: the busiest program's work / the mean, at most
-# and with a band (causal) at most this many query blocks per row: forward ms, D 128, causal, tiled /
-# persistent: 64 x 512 x 16 0.338 / 0.225, 2 x 2048 0.119 / 0.091, 4 x 4096 0.643 / 0.611 (32 blocks), 2 x
-# 32768 16.8 / 18.3, 1 x 65536 33.4 / 36.7, 1 x 131072 132 / 150 (without a band: 1 x 32768 15.71 / 15.60)
+# _launch.py persistent_programs: the busiest program's work / when the tiled grid would finish, at most
+# (causal D 128 forward ms, tiled / persistent: 1 x 2048 x 16 0.083 / 0.066, whose fixed schedule is 1.47x the
+# mean work but 0.93x the tiled grid's finish (its last wave); 1 x 4096 x 16 0.198 / 0.221 and 1 x 16384 x 16
+# 2.22 / 3.03: 1.19x and 1.53x the tiled grid's finish)
+PERSISTENT_BALANCE = 1.05
+# and with a band (causal, a window wider than NARROW_WINDOW) at most this many query blocks per row: forward
+# ms, D 128, causal, tiled / persistent: 64 x 512 x 16 0.338 / 0.225, 2 x 2048 0.119 / 0.091, 4 x 4096 0.643 /
+# 0.611 (32 blocks), 2 x 32768 16.8 / 18.3, 1 x 65536 33.4 / 36.7, 1 x 131072 132 / 150 (without a band: 1 x
+# 32768 15.71 / 15.60). Narrow windows: persistent at every length ("fwd+window" below).
 PERSISTENT_BANDED_BLOCKS = 32
 # Backward, D 128, bf16, H200, per kernel (standalone prototypes of the same loops, 4 x 4096 x 16 / 1 x 16384
 # x 16, non-causal; causal): dK/dV 64 x 128 x 4 warps x 2 stages with every tile through TMA and the query
@@ -211,6 +216,11 @@ _SM90_TARGET = {**_CUDA_TARGET, "fwd": _sm90(_CUDA["fwd"], _SM90_FWD_TMA, _SM90_
                 # window (1024, 0), N 16384, D 128 (the variants case): backward 1.20 ms with dK/dV through
                 # TMA + WS 64 x 128, 1.22 with dQ's TMA row, 1.26 with both "+window" pointer rows; the
                 # forward's TMA row is no faster there (0.399 vs 0.397 ms: every block of a band is masked)
+                # window (1024, 0), D 128, forward ms, "+window" pointer row / the TMA row tiled / persistent
+                # (benchmarks/hopper_rows_sweep.py windowpersistent, windowany): 1 x 16384 x 16 0.403 / 0.398 /
+                # 0.361, 2 x 8192 0.394 / 0.392 / 0.347, 4 x 4096 0.368 / 0.375 / 0.317: the TMA row where it
+                # runs persistent (its short key ranges: at any length, _launch.persistent_programs)
+                "fwd+window": _sm90(_CUDA_TARGET["fwd+window"], dict(_SM90_FWD_TMA, persistent_only=True)),
                 "dkdv+window": _sm90(_CUDA_TARGET["dkdv+window"], _SM90_DKDV_TMA),
                 "dq+window": _sm90(_CUDA_TARGET["dq+window"], _SM90_DQ_TMA)}
 

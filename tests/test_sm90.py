@@ -222,37 +222,48 @@ def test_persistent_tiles_cover_every_tile_once(programs, n_blocks, rows):
             np.testing.assert_array_equal(tiles[p, r], want, err_msg=f"program {p} round {r}")
 
 
-@pytest.mark.parametrize("shape, causal, persistent", [
-    ((16, 1024, 16), False, True), ((16, 1024, 16), True, True), ((4, 4096, 16), True, True),
-    ((1, 16384, 16), False, True), ((1, 16384, 16), True, False), ((1, 131072, 16), False, True),
-    ((1, 131072, 16), True, False), ((2, 32768, 16), True, False)])
-def test_which_forwards_run_persistent(shape, causal, persistent, monkeypatch):
-    """sm90's D 128 forward row is persistent where one program per SM (132) has a balanced schedule:
-    every call without a band, causal ones with enough rows per program and at most 32 query blocks per
-    row; not causal 1 x 16384 x 16 (unbalanced), nor causal N >= 32768 (measured slower: kernels/configs.py)."""
+@pytest.mark.parametrize("shape, causal, window, persistent", [
+    ((16, 1024, 16), False, None, True), ((16, 1024, 16), True, None, True), ((4, 4096, 16), True, None, True),
+    ((1, 16384, 16), False, None, True), ((1, 16384, 16), True, None, False), ((1, 4096, 16), True, None, False),
+    ((1, 131072, 16), False, None, True), ((1, 131072, 16), True, None, False), ((2, 32768, 16), True, None, False),
+    ((1, 16384, 16), True, (1024, 0), True), ((2, 32768, 16), True, (1024, 0), True),
+    ((1, 16384, 16), False, (4096, 4096), False), ((2, 1000, 16), True, (255, 0), False)])
+def test_which_forwards_run_persistent(shape, causal, window, persistent, monkeypatch):
+    """sm90's D 128 forward row is persistent where one program per SM (132) has a schedule about as
+    balanced as the tiled grid's: every call without a band, causal ones with enough rows per program and
+    at most 32 query blocks per row; not causal 1 x 16384 x 16 or 1 x 4096 x 16 (unbalanced), nor causal
+    N >= 32768 (measured slower: kernels/configs.py). Narrow windows ("+window" rows: the same row, only
+    where persistent, else their pointer row) at any length; a wide window is a band like causal (128
+    query blocks: the TMA row tiled)."""
     monkeypatch.setattr(_launch, "compute_units", lambda target: 132)
     b, n, h = shape
     x = jax.ShapeDtypeStruct((b, n, h, 128), jnp.bfloat16)
     grids = []
 
     def run(launch):
-        grids.append((launch.grid, launch.constexprs["PERSISTENT"]))
+        grids.append((launch.grid, launch.constexprs["PERSISTENT"], bool(launch.constexprs.get("TMA"))))
         return launch.out_shapes
 
-    _launch.forward(run, "sm90", x, x, x, statics=_launch.Statics(0.1, Band.of(causal, (-1, -1), n, n)))
-    assert grids == [((132, 1), True) if persistent else ((n // 128, b * h), False)]
+    band = Band.of(causal, window or (-1, -1), n, n)
+    _launch.forward(run, "sm90", x, x, x, statics=_launch.Statics(0.1, band))
+    if persistent:
+        assert grids == [((132, 1), True, True)]
+    else:  # the tiled grid: the TMA row, or for a narrow window the "+window" pointer row (its own blocks)
+        narrow = band.narrow(configs.NARROW_WINDOW)
+        assert grids[0][1:] == (False, not narrow)
+        assert narrow or grids[0][0] == (-(-n // 128), b * h)
 
 
 @pytest.mark.parametrize("shape, d, causal, tma, persistent", [
     ((16, 1024, 32), 64, False, True, True), ((16, 1024, 32), 64, True, True, True),
     ((1, 16384, 32), 64, False, True, True), ((4, 4096, 32), 64, True, False, False),
     ((1, 16384, 32), 64, True, False, False), ((2, 1000, 32), 64, False, False, False),
-    ((1, 133 * 128, 1), 64, False, False, False), ((2, 1000, 16), 128, False, True, False)])
+    ((1, 133 * 128, 1), 64, False, True, True), ((2, 1000, 16), 128, False, True, False)])
 def test_which_d64_forwards_take_the_tma_row(shape, d, causal, tma, persistent, monkeypatch):
     """sm90's D 64 forward row through TMA (configs.py: persistent_only, max_banded_seq_q) serves only calls
     it runs persistent, and causal ones only up to 1024 queries; the others (longer causal calls, ragged
-    blocks, an unbalanced schedule: 133 tiles on 132 programs) take the pointer row. The D 128 TMA row
-    also serves calls it runs tiled (ragged)."""
+    blocks) take the pointer row. 133 tiles on 132 programs run persistent: a tiled grid pays the same
+    second round. The D 128 TMA row also serves calls it runs tiled (ragged)."""
     monkeypatch.setattr(_launch, "compute_units", lambda target: 132)
     b, n, h = shape
     x = jax.ShapeDtypeStruct((b, n, h, d), jnp.bfloat16)
@@ -315,17 +326,19 @@ def test_persistent_forward_equals_one_program_per_tile(case, path, monkeypatch)
 # every sm90 forward row, persistent (kernels/fwd.py PERSISTENT: the shipped persistent rows and the TMA rows
 # made persistent), and the D 64 pointer row made persistent (two programs per SM)
 PERSISTENT_ROWS = [dict(r, PERSISTENT=r.get("PERSISTENT") or 1) for k, r in ROWS if k == "fwd"]
-PERSISTENT_ROWS += [dict(r, PERSISTENT=2) for r in configs.TARGETS["sm90"]["fwd"] if r["max_block_d"] == 64]
+PERSISTENT_ROWS += [dict(r, PERSISTENT=2) for r in configs.TARGETS["sm90"]["fwd"]
+                    if r["max_block_d"] == 64 and not r.get("TMA")]
 
 
 @pytest.mark.parametrize("row", PERSISTENT_ROWS, ids=lambda r: _id(("fwd", r)) + f"-p{r['PERSISTENT']}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("variant", ["plain", "gqa-alibi"])
+@pytest.mark.parametrize("variant", ["plain", "gqa-alibi", "window"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_every_sm90_forward_row_persistent(row, causal, variant, monkeypatch):
     """Whole blocks over 5 programs, so each loops over several tiles (warp-specialised key loops inside
-    the tile loop), against float64; then over as many programs as the GPU has units."""
+    the tile loop), against float64; then over as many programs as the GPU has units. window: a band
+    bounded on both sides ((100, 0) with causal, as the "+window" rows take it)."""
     if _triton.target() != "sm90":
         pytest.skip("needs a Hopper GPU")
     d = row["max_block_d"]
@@ -334,9 +347,10 @@ def test_every_sm90_forward_row_persistent(row, causal, variant, monkeypatch):
     q, k, v, dout, dlse = inputs((b, seq, h, d), (b, seq, h_kv, d), jnp.bfloat16, seed=d + 5)
     slopes = (jax.random.uniform(jax.random.key(2), (b, h), jnp.float32, 0.01, 0.5) if variant == "gqa-alibi"
               else None)
-    statics = _launch.Statics(d ** -0.5, Band.of(causal, (-1, -1), seq, seq))
-    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, alibi=slopes)
-    base = run_impl("xla", q, k, v, dout, dlse, causal=causal, alibi_slopes=slopes)
+    window = ((100, 0) if causal else (37, 5)) if variant == "window" else (-1, -1)
+    statics = _launch.Statics(d ** -0.5, Band.of(causal, window, seq, seq))
+    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, alibi=slopes, window=window)
+    base = run_impl("xla", q, k, v, dout, dlse, causal=causal, alibi_slopes=slopes, window_size=window)
     monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))  # persistent whatever the schedule
     for units in (lambda target: 5, _launch.compute_units):
         monkeypatch.setattr(_launch, "compute_units", units)
