@@ -8,7 +8,7 @@ from jax_flash_amd.kernels import configs
 from jax_flash_amd.rules import Band
 
 # configs.py: which calls a row serves
-_SELECTORS = ("max_block_d", "min_block_d", "max_itemsize", "max_banded_seq_q", "persistent_only")
+_SELECTORS = ("max_block_d", "min_block_d", "max_itemsize", "max_banded_seq", "persistent_only")
 
 
 def block_d(head_dim: int, dtype=jnp.bfloat16) -> int:
@@ -23,12 +23,12 @@ def config_width(head_dim: int, dtype) -> int:
     return block_d(head_dim, dtype) * max(2, jnp.dtype(dtype).itemsize) // 2
 
 
-def fits(row: dict, width: int, dtype, banded_seq_q: int = 0) -> bool:
-    """Whether a config row serves a call of this config_width and input dtype; banded_seq_q: the call's
-    queries where a band (causal, window) bounds it, else 0."""
+def fits(row: dict, width: int, dtype, banded_seq: int = 0) -> bool:
+    """Whether a config row serves a call of this config_width and input dtype; banded_seq: the call's
+    length (the longer of queries and keys) where a band (causal, window) bounds it, else 0."""
     return (row.get("min_block_d", 0) <= width <= row["max_block_d"]
             and jnp.dtype(dtype).itemsize <= row.get("max_itemsize", 8)
-            and banded_seq_q <= row.get("max_banded_seq_q", banded_seq_q))
+            and banded_seq <= row.get("max_banded_seq", banded_seq))
 
 
 def row_kind(band: Band, dropout_p: float = 0.0, group: int = 1, fp8_inputs: bool = False) -> str:
@@ -45,9 +45,9 @@ def row_kind(band: Band, dropout_p: float = 0.0, group: int = 1, fp8_inputs: boo
 
 
 def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, kind: str = "",
-                tma: bool = True, banded_seq_q: int = 0, persistent: bool = True) -> tuple[dict, dict]:
+                tma: bool = True, banded_seq: int = 0, persistent: bool = True) -> tuple[dict, dict]:
     """(constexprs, compiler options): rows[kernel] when given (autotuning), else the first
-    configs.TARGETS row that fits the head, dtype and banded_seq_q (fits), from the "<kernel>+<kind>" rows
+    configs.TARGETS row that fits the head, dtype and banded_seq (fits), from the "<kernel>+<kind>" rows
     where the target has them (kind: row_kind). tma=False: rows with TMA are passed over (the call cannot
     take that path); persistent=False: rows marked persistent_only are (the call would run them tiled)."""
     row = (rows or {}).get(kernel)
@@ -57,7 +57,7 @@ def pick_config(target: str, kernel: str, head_dim: int, dtype, rows=None, kind:
         width = config_width(head_dim, dtype)
         table = configs.TARGETS[target]
         candidates = table.get(f"{kernel}+{kind}", table[kernel]) if kind else table[kernel]
-        row = next((r for r in candidates if fits(r, width, dtype, banded_seq_q) and (tma or not r.get("TMA"))
+        row = next((r for r in candidates if fits(r, width, dtype, banded_seq) and (tma or not r.get("TMA"))
                     and (persistent or not r.get("persistent_only"))), None)
         if row is None:
             raise ValueError(f"no {kernel} config for head_dim={head_dim}, dtype={dtype} on {target}")

@@ -233,12 +233,16 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
     b, sq, h, _ = q.shape
     fp8_inputs = fp8.is_fp8(q.dtype)
     pick = functools.partial(pick_config, target, "fwd", q.shape[3], q.dtype, rows, _kind(q, k, statics),
-                             tma=_takes_tma(q, statics, extras), banded_seq_q=sq if statics.band.sides else 0)
+                             tma=_takes_tma(q, statics, extras),
+                             banded_seq=max(sq, k.shape[1]) if statics.band.sides else 0)
     blocks, options = pick()
     programs = _persistent(blocks, target, b * h, sq, k.shape[1], statics.band)
-    if not programs:  # the rows that serve only calls they run persistent give way to the next
-        blocks, options = pick(persistent=False)
-        programs = _persistent(blocks, target, b * h, sq, k.shape[1], statics.band)
+    if not programs or programs >= b * h * _cdiv(sq, blocks["BLOCK_M"]):  # tiled, or one tile per program
+        # (a tiled grid by another name): the rows that serve only calls they run persistent give way
+        tiled = pick(persistent=False)
+        if tiled != (blocks, options):
+            blocks, options = tiled
+            programs = _persistent(blocks, target, b * h, sq, k.shape[1], statics.band)
     if fp8_inputs:
         v = keys_last(run, target, v)
     scalars, constexprs = _common(q, k, statics)

@@ -7,9 +7,10 @@ with float8 inputs (jax_flash_amd/_launch.py: row_kind). A launch takes the firs
 BLOCK_D * itemsize / 2: float32 inputs take the row of a head twice as wide, since their tiles need
 twice the registers and shared memory. A row with ``max_itemsize`` serves only inputs of at most that
 many bytes per element (float32 calls skip to the next row of the same width), one with ``min_block_d``
-only heads at least that wide (narrower ones go on to the next row), one with ``max_banded_seq_q`` (the
-forward) calls bounded by a band (causal, window) only up to that many queries, one with ``persistent_only``
-only the calls it runs persistent (jax_flash_amd/_launch.py forward). Upper-case keys are the
+only heads at least that wide (narrower ones go on to the next row), one with ``max_banded_seq`` (the
+forward) calls bounded by a band (causal, window) only up to that many queries and keys, one with
+``persistent_only`` only the calls it runs persistent with more tiles than programs (jax_flash_amd/_launch.py
+forward). Upper-case keys are the
 kernel's constexprs (BLOCK_*; dK/dV's SPLIT, default False: dK and dV from separate programs; the forward's
 PERSISTENT, programs per compute unit of a persistent grid, jax_flash_amd/_launch.py persistent_programs), other
 lower-case ones compiler options (num_warps, num_stages; on HIP also waves_per_eu and matrix_instr_nonkdim, which need
@@ -164,10 +165,10 @@ _SM90_FWD_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=128, BLOCK_N=128, 
 # 1.403 / 1.364, 1 x 16384 4.852 / 5.350 / 5.270; causal 16 x 1024 0.232 / 0.275 / 0.265, but 8 x 2048 0.384 /
 # 0.446 / 0.464, 4 x 4096 0.705 / 0.797 / 0.860, 2 x 8192 (tiled) 1.312 / 1.472 / 1.756, 1 x 16384 (tiled)
 # 2.515 / 2.833 / 3.250: every block of a band is masked in its one loop, so banded calls take it only up to
-# 1024 queries. One program per tile it is slower at short loops (16 x 1024 full 0.490 against the pointer
+# 1024 queries and keys. One program per tile it is slower at short loops (16 x 1024 full 0.490 against the pointer
 # row's 0.394 in an earlier sweep; 1 x 16384 5.343 against 5.270 persistent), so only calls it runs persistent
 # take it. 128 x 64 tiles 6-30 % slower; 3 stages: NaN (Triton 3.6).
-_SM90_FWD64_TMA = dict(_SM90_FWD_TMA, max_block_d=64, min_block_d=64, max_banded_seq_q=1024, persistent_only=True)
+_SM90_FWD64_TMA = dict(_SM90_FWD_TMA, max_block_d=64, min_block_d=64, max_banded_seq=1024, persistent_only=True)
 # _launch.py persistent_programs: the busiest program's work / when the tiled grid would finish, at most
 # (causal D 128 forward ms, tiled / persistent: 1 x 2048 x 16 0.083 / 0.066, whose fixed schedule is 1.47x the
 # mean work but 0.93x the tiled grid's finish (its last wave); 1 x 4096 x 16 0.198 / 0.221 and 1 x 16384 x 16

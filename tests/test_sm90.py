@@ -250,30 +250,34 @@ def test_which_forwards_run_persistent(shape, causal, window, persistent, monkey
         assert grids == [((132, 1), True, True)]
     else:  # the tiled grid: the TMA row, or for a narrow window the "+window" pointer row (its own blocks)
         narrow = band.narrow(configs.NARROW_WINDOW)
-        assert grids[0][1:] == (False, not narrow)
-        assert narrow or grids[0][0] == (-(-n // 128), b * h)
+        assert grids == [((-(-n // (64 if narrow else 128)), b * h), False, not narrow)]  # "+window": 64 queries
 
 
 @pytest.mark.parametrize("shape, d, causal, tma, persistent", [
     ((16, 1024, 32), 64, False, True, True), ((16, 1024, 32), 64, True, True, True),
     ((1, 16384, 32), 64, False, True, True), ((4, 4096, 32), 64, True, False, False),
     ((1, 16384, 32), 64, True, False, False), ((2, 1000, 32), 64, False, False, False),
-    ((1, 133 * 128, 1), 64, False, True, True), ((2, 1000, 16), 128, False, True, False)])
+    ((1, 133 * 128, 1), 64, False, True, True), ((1, 1024, 16), 64, False, False, False),
+    ((2, 1000, 16), 128, False, True, False), ((1, 1024, 16), 128, False, True, True),
+    ((16, 512, 32, 16384), 64, True, False, False)])
 def test_which_d64_forwards_take_the_tma_row(shape, d, causal, tma, persistent, monkeypatch):
-    """sm90's D 64 forward row through TMA (configs.py: persistent_only, max_banded_seq_q) serves only calls
+    """sm90's D 64 forward row through TMA (configs.py: persistent_only, max_banded_seq) serves only calls
     it runs persistent, and causal ones only up to 1024 queries; the others (longer causal calls, ragged
-    blocks) take the pointer row. 133 tiles on 132 programs run persistent: a tiled grid pays the same
-    second round. The D 128 TMA row also serves calls it runs tiled (ragged)."""
+    blocks, one tile per program: 1 x 1024 x 16 is 128 tiles on 132 SMs, a causal call of 512 queries
+    but 16384 keys, whose key loops are long and all masked) take the pointer row. 133 tiles on 132
+    programs run persistent: a tiled grid pays the same second round. The D 128 TMA row also serves calls
+    it runs tiled (ragged) or one tile per program."""
     monkeypatch.setattr(_launch, "compute_units", lambda target: 132)
-    b, n, h = shape
+    b, n, h, *sk = shape
     x = jax.ShapeDtypeStruct((b, n, h, d), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((b, sk[0] if sk else n, h, d), jnp.bfloat16)
     seen = []
 
     def run(launch):
         seen.append((bool(launch.constexprs.get("TMA")), launch.constexprs["PERSISTENT"]))
         return launch.out_shapes
 
-    _launch.forward(run, "sm90", x, x, x, statics=_launch.Statics(0.1, Band.of(causal, (-1, -1), n, n)))
+    _launch.forward(run, "sm90", x, kv, kv, statics=_launch.Statics(0.1, Band.of(causal, (-1, -1), n, kv.shape[1])))
     assert seen == [(tma, persistent)]
 
 
