@@ -159,9 +159,10 @@ def compute_units(target: str) -> int:
     return configs.DECODE_SPLITS[target]["cus"]
 
 
-def persistent_programs(per_unit: int, target: str, n_blocks: int, rows: int, block_m: int, block_n: int, sq: int,
-                        sk: int, band: rules.Band) -> int:
-    """Programs of a persistent forward's grid (kernels/fwd.py PERSISTENT), or 0 for one program per tile.
+def persistent_programs(blocks: dict, target: str, rows: int, sq: int, sk: int, band: rules.Band) -> int:
+    """Programs of a persistent grid for a forward config (kernels/fwd.py PERSISTENT; the config's
+    PERSISTENT: programs per compute unit), or 0 for one program per tile. One descriptor per tensor
+    serves only tiles that never cross a batch element, so only calls of whole query and key blocks.
     Persistent saves each tile's fixed cost (descriptors, pipeline fill), but fixes in advance which
     tiles a program runs (masking.persistent_tile), so it is taken only where that schedule is about as
     balanced as the tiled grid's: the busiest program's work at most configs.PERSISTENT_BALANCE times the
@@ -170,9 +171,13 @@ def persistent_programs(per_unit: int, target: str, n_blocks: int, rows: int, bl
     a narrow window (configs.NARROW_WINDOW), also only up to configs.PERSISTENT_BANDED_BLOCKS query blocks
     per row: beyond, persistent measured slower though balanced (causal 1 x 131072 x 16: 150 ms against
     132), while a window's short key ranges measured faster at every length (configs.py)."""
+    block_m, block_n = blocks["BLOCK_M"], blocks["BLOCK_N"]
+    if not blocks.get("PERSISTENT") or sq % block_m or sk % block_n:
+        return 0
+    n_blocks = sq // block_m
     if band.sides and not band.narrow(configs.NARROW_WINDOW) and n_blocks > configs.PERSISTENT_BANDED_BLOCKS:
         return 0
-    programs = min(per_unit * compute_units(target), n_blocks * rows)
+    programs = min(blocks["PERSISTENT"] * compute_units(target), n_blocks * rows)
     lo_off, hi_off = band.offsets(sq, sk)
     starts = np.arange(n_blocks) * block_m
     first = np.clip(starts + lo_off, 0, sk) // block_n
@@ -198,16 +203,6 @@ def _tiled_finish(row_costs, rows: int, slots: int) -> float:
     for c in np.tile(row_costs, rows).tolist():
         heapq.heapreplace(free, free[0] + c)
     return max(free)
-
-
-def _persistent(blocks: dict, target: str, rows: int, sq: int, sk: int, band: rules.Band) -> int:
-    """persistent_programs for a forward config (its PERSISTENT: programs per compute unit), 0 where it is
-    not persistent: one descriptor per tensor serves only tiles that never cross a batch element, so only
-    calls of whole query and key blocks."""
-    if not blocks.get("PERSISTENT") or sq % blocks["BLOCK_M"] or sk % blocks["BLOCK_N"]:
-        return 0
-    return persistent_programs(blocks["PERSISTENT"], target, _cdiv(sq, blocks["BLOCK_M"]), rows, blocks["BLOCK_M"],
-                               blocks["BLOCK_N"], sq, sk, band)
 
 
 def keys_last(run: Run, target: str, v):
@@ -236,13 +231,13 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
                              tma=_takes_tma(q, statics, extras),
                              banded_seq=max(sq, k.shape[1]) if statics.band.sides else 0)
     blocks, options = pick()
-    programs = _persistent(blocks, target, b * h, sq, k.shape[1], statics.band)
+    programs = persistent_programs(blocks, target, b * h, sq, k.shape[1], statics.band)
     if not programs or programs >= b * h * _cdiv(sq, blocks["BLOCK_M"]):  # tiled, or one tile per program
         # (a tiled grid by another name): the rows that serve only calls they run persistent give way
         tiled = pick(persistent=False)
         if tiled != (blocks, options):
             blocks, options = tiled
-            programs = _persistent(blocks, target, b * h, sq, k.shape[1], statics.band)
+            programs = persistent_programs(blocks, target, b * h, sq, k.shape[1], statics.band)
     if fp8_inputs:
         v = keys_last(run, target, v)
     scalars, constexprs = _common(q, k, statics)

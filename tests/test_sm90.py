@@ -187,8 +187,6 @@ def test_which_head_widths_have_tma_rows(d, tma):
         assert not blocks.get("TMA"), kernel
 
 
-
-
 # ----- the persistent forward (kernels/fwd.py PERSISTENT): tiles handed out by masking.persistent_tile -----
 @triton.jit
 def _tile_order(n_blocks, rows, Tiles, ROUNDS: tl.constexpr):
