@@ -260,13 +260,80 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
     return out, lse
 
 
+def _ds_heads(q, k, dkdv_blocks: dict) -> int:
+    """Key/value heads per launch of the dS path (kernels/bwd.py), 0 for the seven-product path: the most
+    (a divisor of the key/value heads, so every launch compiles the same) whose workspace (ds_tiles:
+    16-bit, seq_k x seq_q per query head, rounded up) stays within configs.DS_WORKSPACE_BYTES. Only with a
+    dK/dV row marked DS (sm90 TMA rows: the path's H200 measurements in configs.py)."""
+    if not dkdv_blocks.get("DS") or not dkdv_blocks.get("TMA"):
+        return 0
+    b, sq, h, _ = q.shape
+    sk, h_kv = k.shape[1], k.shape[2]
+    per_head = b * (h // h_kv) * _cdiv(sk, dkdv_blocks["BLOCK_N"]) * dkdv_blocks["BLOCK_N"] * _cdiv(sq, 8) * 8 * 2
+    return next((n for n in range(h_kv, 0, -1) if h_kv % n == 0 and n * per_head <= configs.DS_WORKSPACE_BYTES), 0)
+
+
 def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Operands = Operands(), *,
              statics: Statics, rows=None):
     """(dq, dk, dv) for cotangents dout (like out) and dlse (of the natural lse); lse2 as forward returns it."""
+    d = q.shape[3]
+    kind = _kind(q, k, statics)
+    blocks, options = pick_config(target, "dkdv", d, q.dtype, rows, kind, tma=_dkdv_takes_tma(q, statics, extras))
+    blocks = {"SPLIT": False, **blocks}
+    if blocks.get("TMA"):  # kernels/bwd.py: the TMA loop goes unmasked when every block is whole
+        blocks["QUERIES_EVEN"] = q.shape[1] % blocks["BLOCK_M"] == 0 and k.shape[1] % blocks["BLOCK_N"] == 0
+    dkdv = (blocks, options)
+    heads = _ds_heads(q, k, blocks)
+    if not heads:
+        return _backward_7(run, target, q, k, v, out, lse2, dout, dlse, extras, statics, rows, kind, dkdv)
+    h_kv, group = k.shape[2], q.shape[2] // k.shape[2]
+    # delta = rowsum(dO * O) - dlse, (batch, heads, seq_q): dK/dV runs first here (cuDNN's backward makes
+    # the same pass)
+    delta = (jnp.einsum("bshd,bshd->bhs", out, dout, preferred_element_type=jnp.float32) - dlse)
+    parts = []
+    for lo in range(0, h_kv, heads):  # by heads: each launch a whole attention of its heads, no partial sums
+        qh, kh = slice(lo * group, (lo + heads) * group), slice(lo, lo + heads)
+        parts.append(_backward_ds(
+            run, target, q[:, :, qh], k[:, :, kh], v[:, :, kh], lse2[:, qh], delta[:, qh], dout[:, :, qh],
+            extras.heads(lo, lo + heads, group), statics, rows, dkdv))
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(jnp.concatenate(g, axis=2) for g in zip(*parts))
+
+
+def _backward_ds(run, target, q, k, v, lse2, delta, dout, extras, statics, rows, dkdv):
+    """The dS path (kernels/bwd.py): dK/dV also writes dS^T, attn_bwd_dq_ds reads it for dQ."""
     b, sq, h, d = q.shape
     sk = k.shape[1]
     scalars, constexprs = _common(q, k, statics)
-    kind = _kind(q, k, statics)
+    blocks, options = dkdv
+    ds_shape = (b * h * _cdiv(sk, blocks["BLOCK_N"]) * blocks["BLOCK_N"], _cdiv(sq, 8) * 8)  # bwd.ds_tiles
+    dk, dv, ds = run(_launch(
+        bwd.attn_bwd_dkdv, grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2], 1),
+        inputs=dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,
+                    Delta=delta, **scalars),
+        out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+                    jax.ShapeDtypeStruct(ds_shape, q.dtype)),
+        constexprs={**constexprs, **blocks},
+        options=options, extras=extras,
+    ))
+    dq_blocks, dq_options = pick_config(target, "dqds", d, q.dtype, rows)
+    (dq,) = run(_launch(
+        bwd.attn_bwd_dq_ds, grid=(_cdiv(sq, dq_blocks["BLOCK_M"]), b * h),
+        inputs=dict(K=k, dS=ds, **{n: scalars[n] for n in ("sm_scale", "seq_q", "seq_k", "lo_off", "hi_off")}),
+        out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
+        constexprs=dict(H=h, KV_H=k.shape[2], HEAD_DIM=d, BANDED=constexprs["BANDED"], DS_BLOCK_N=blocks["BLOCK_N"],
+                        **dq_blocks),
+        options=dq_options, extras=extras,
+    ))
+    return dq, dk, dv
+
+
+def _backward_7(run, target, q, k, v, out, lse2, dout, dlse, extras, statics, rows, kind, dkdv):
+    """Seven products per tile: dQ (which also writes delta), then dK/dV."""
+    b, sq, h, d = q.shape
+    sk = k.shape[1]
+    scalars, constexprs = _common(q, k, statics)
     # dQ first: it writes delta (b, h, seq_q), which the dK/dV kernel reads
     blocks, options = pick_config(target, "dq", d, q.dtype, rows, kind, tma=_takes_tma(q, statics, extras))
     dq, delta = run(_launch(
@@ -277,17 +344,15 @@ def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Oper
         constexprs={**constexprs, **blocks},
         options=options, extras=extras,
     ))
-    blocks, options = pick_config(target, "dkdv", d, q.dtype, rows, kind, tma=_dkdv_takes_tma(q, statics, extras))
-    blocks = {"SPLIT": False, **blocks}
-    if blocks.get("TMA"):  # kernels/bwd.py: the TMA loop goes unmasked when every block is whole
-        blocks["QUERIES_EVEN"] = sq % blocks["BLOCK_M"] == 0 and sk % blocks["BLOCK_N"] == 0
-    dk, dv = run(_launch(
+    blocks, options = dkdv
+    dk, dv, _ = run(_launch(
         # one program per key/value head; SPLIT: one for dV, one for dK
         bwd.attn_bwd_dkdv, grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2], 2 if blocks["SPLIT"] else 1),
         inputs=dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,
                     Delta=delta, **scalars),
-        out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
-        constexprs={**constexprs, **blocks},
+        out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+                    jax.ShapeDtypeStruct((1,), q.dtype)),  # dS: the dS path's only
+        constexprs={**constexprs, **blocks, "DS": False},
         options=options, extras=extras,
     ))
     return dq, dk, dv

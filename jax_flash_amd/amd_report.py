@@ -130,13 +130,14 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
 
     def run(launch):
         recorded.append(launch)
-        return launch.out_shapes
+        return tuple(jnp.zeros(s.shape, s.dtype) for s in launch.out_shapes)
 
-    x = jax.ShapeDtypeStruct((1, 1024, 16, head_dim), jnp.dtype(dtype))
+    # arrays (zeros, a few MB), not shapes: the launchers compute some operands with XLA (the dS path's delta)
+    x = jnp.zeros((1, 1024, 16, head_dim), jnp.dtype(dtype))
     extras = Operands()
     band = Band.of(causal, (256, 0) if kind == "window" else (-1, -1), 1024, 1024)
     statics = _launch.Statics(head_dim ** -0.5, band, dropout_p=0.1 if kind == "dropout" else 0.0)
-    kv = jax.ShapeDtypeStruct((1, 1024, 4, head_dim), jnp.dtype(dtype)) if kind == "gqa" else x
+    kv = jnp.zeros((1, 1024, 4, head_dim), jnp.dtype(dtype)) if kind == "gqa" else x
     if kind == "dropout":
         extras = Operands(seeds=jnp.zeros((1, 16, 2), jnp.uint32))
     if fp8.is_fp8(dtype):  # inference: the forward only
@@ -145,7 +146,7 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
         return [("fwd", next(launch for launch in recorded if launch.kernel is fwd.attn_fwd))]
     out, lse = _launch.forward(run, target, x, kv, kv, extras, statics=statics)
     _launch.backward(run, target, x, kv, kv, out, lse, out, lse, extras, statics=statics)
-    names = {"attn_fwd": "fwd", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq"}
+    names = {"attn_fwd": "fwd", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq", "attn_bwd_dq_ds": "dqds"}
     suffix = f"+{kind}" if kind else ""
     return [(names[launch.kernel.__name__] + suffix, launch) for launch in recorded]
 

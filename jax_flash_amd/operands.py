@@ -71,6 +71,19 @@ class Operands:
                 args[spec.param] = x
         return args
 
+    def heads(self, lo: int, hi: int, group: int) -> "Operands":
+        """The operands of key/value heads [lo, hi) alone (query heads [lo * group, hi * group)): a call
+        split by heads (_launch.backward's dS path)."""
+        parts = {}
+        for name in self.present():
+            x = getattr(self, name)
+            for axis, factor in enumerate(SPECS[name].axes.replace("(h g)", "q").split()):
+                if factor in ("q", "h"):
+                    scale = group if factor == "q" else 1
+                    x = jax.lax.slice_in_dim(x, lo * scale, hi * scale, axis=axis)
+            parts[name] = x
+        return dataclasses.replace(self, **parts)
+
     def kernel_flags(self, params) -> dict[str, bool]:
         """{constexpr: whether its operand is present} for the flags of `params`."""
         return {spec.flag: getattr(self, name) is not None for name, spec in SPECS.items()

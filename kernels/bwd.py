@@ -13,13 +13,17 @@ Dropout (dropout.py) regenerates the forward's keep mask: with Pd = P * keep * k
 dV = Pd^T dO and dS = P * (keep * keep_scale * dO V^T - delta).
 Hopper (TMA config rows): dQ reads K and V through TMA descriptors; dK/dV reads every tile through them and
 runs its query blocks in one warp-specialised loop (_dkdv_tma_program).
+The dS path (Hopper rows with DS, _launch.backward: where its workspace fits configs.DS_WORKSPACE_BYTES):
+dK/dV also stores each tile's dS^T (16-bit, as dK's product reads it) to a workspace, and attn_bwd_dq_ds
+computes dQ = scale dS K from it: five products per tile, as FlashAttention's atomics give, still without
+atomics (deterministic). Delta then comes from _launch (XLA), as dK/dV runs first.
 """
 import triton
 import triton.language as tl
 
 from .dropout import keep, load_seed
 from .masking import (element_tiles, head_start, key_blocks, load_ids, load_tile, place, query_blocks, span_block,
-                      span_blocks, store_tile)
+                      span_blocks, store_tile, visible)
 from .scores import scores
 
 
@@ -40,10 +44,11 @@ def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, st
                hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed, q_ids, k_ids, keep_scale,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
-               POSITIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, LOAD_DELTA: tl.constexpr):
+               POSITIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, LOAD_DELTA: tl.constexpr,
+               ds_desc=0, ds_row=0, STORE_DS: tl.constexpr = False):
     """One query block's share of dk / dv (q, do [BM, BD], lse2 (_seen) loaded). delta [BM] comes loaded,
     or LOAD_DELTA: from Delta + row0 here, after dV's product (in that order AMD's loop is up to 6 %
-    shorter, amd_report)."""
+    shorter, amd_report). STORE_DS: dS^T also goes to ds_desc at (ds_row, start_m) (the dS path)."""
     s_t, scale2, dlogit_t = scores(tl.dot(k, tl.trans(q), input_precision="ieee"), offs_m[None, :],
                                    offs_n[:, None], q_ids[None, :], k_ids[:, None], seq_q, seq_k, lo_off, hi_off,
                                    diag, sm_scale, softcap, slope, MASKED=MASKED, BANDED=BANDED,
@@ -66,6 +71,8 @@ def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, st
         ds_t = p_t * (dp_t - delta[None, :])
         if SOFTCAP:
             ds_t = ds_t * dlogit_t  # through softcap's tanh
+        if STORE_DS:
+            ds_desc.store([ds_row, start_m], ds_t.to(q.dtype))
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision="ieee")
     return dk, dv
 
@@ -112,11 +119,12 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
 
 @triton.jit
 def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, b, h, start_m, start_n, offs_n, seq_q,
-                    seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, k_ids,
+                    seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, k_ids, ds_desc, ds_rows,
                     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                    POSITIONS: tl.constexpr):
-    """_dkdv_tile of query block start_m of head h, its tiles from the descriptors (_dkdv_tma_program)."""
+                    POSITIONS: tl.constexpr, STORE_DS: tl.constexpr):
+    """_dkdv_tile of query block start_m of head h, its tiles from the descriptors (_dkdv_tma_program);
+    STORE_DS: dS^T to ds_desc, ds_rows rows per (batch, head) (ds_tiles)."""
     q = q_desc.load([b * seq_q + start_m, h * HEAD_DIM])
     do = do_desc.load([b * seq_q + start_m, h * HEAD_DIM])
     row = (b * H + h) * seq_q + start_m
@@ -127,15 +135,16 @@ def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, b, h, s
                       seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, 0,
                       tl.zeros([BLOCK_M], tl.int32), k_ids, 1.0, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                       MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=False, DROP_THRESHOLD=0,
-                      POSITIONS=POSITIONS, DK=True, DV=True, LOAD_DELTA=False)
+                      POSITIONS=POSITIONS, DK=True, DV=True, LOAD_DELTA=False, ds_desc=ds_desc,
+                      ds_row=(b * H + h) * ds_rows + start_n, STORE_DS=STORE_DS)
 
 
 @triton.jit
 def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, Slopes, b, h_kv, lo, hi, start_n, offs_n, seq_q,
-              seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, k_ids, H: tl.constexpr,
+              seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, k_ids, ds_desc, ds_rows, H: tl.constexpr,
               GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-              POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+              POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, STORE_DS: tl.constexpr):
     """Query blocks of [lo, hi) of the GROUP query heads of h_kv (heads innermost) in one plain loop, what
     Triton's warp-specialisation pass partitions (as the forward's TMA loop)."""
     if GROUP == 1:
@@ -145,8 +154,9 @@ def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, Slopes, b, h_
         for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
             dk, dv = _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, b, h_kv, start_m, start_n,
                                      offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
-                                     slope, k_ids, H=H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                                     BANDED=BANDED, MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS)
+                                     slope, k_ids, ds_desc, ds_rows, H=H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
+                                     BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                                     POSITIONS=POSITIONS, STORE_DS=STORE_DS)
     else:
         for i in tl.range(0, tl.cdiv(hi - lo, BLOCK_M) * GROUP, warp_specialize=WARP_SPECIALIZE):
             h = h_kv * GROUP + i % GROUP
@@ -155,9 +165,10 @@ def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, Slopes, b, h_
                 slope = tl.load(Slopes + b * H + h)
             dk, dv = _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, b, h,
                                      lo + i // GROUP * BLOCK_M, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag,
-                                     pos_q, pos_k, sm_scale, softcap, slope, k_ids, H=H, HEAD_DIM=HEAD_DIM,
-                                     BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED,
-                                     SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS)
+                                     pos_q, pos_k, sm_scale, softcap, slope, k_ids, ds_desc, ds_rows, H=H,
+                                     HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                                     MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS,
+                                     STORE_DS=STORE_DS)
     return dk, dv
 
 
@@ -208,10 +219,10 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
 
 @triton.jit
 def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap, seq_q, seq_k,
-                      lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      lo_off, hi_off, dK, dV, dS, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
                       ALIBI: tl.constexpr, POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-                      QUERIES_EVEN: tl.constexpr):
+                      QUERIES_EVEN: tl.constexpr, DS: tl.constexpr):
     """dK and dV of one key block, every tile through TMA descriptors (masking.element_tiles); Lse and
     Delta through 1-D ones (pointer loads in the loop leave it to run at ~0.8x: H200, D 128)."""
     start_n = tl.program_id(0) * BLOCK_N
@@ -228,6 +239,10 @@ def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta,
     do_desc = element_tiles(dOut, b, seq_q, STRIDE, BLOCK_M, HEAD_DIM)
     lse_desc = tl.make_tensor_descriptor(Lse, shape=[(b + 1) * H * seq_q], strides=[1], block_shape=[BLOCK_M])
     delta_desc = tl.make_tensor_descriptor(Delta, shape=[(b + 1) * H * seq_q], strides=[1], block_shape=[BLOCK_M])
+    ds_desc = dS
+    ds_rows = 0
+    if DS:
+        ds_desc, ds_rows = ds_tiles(dS, b, seq_q, seq_k, H, BLOCK_N, BLOCK_N, BLOCK_M)
     k = k_desc.load([b * seq_k + start_n, h_kv * HEAD_DIM])
     v = v_desc.load([b * seq_k + start_n, h_kv * HEAD_DIM])
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
@@ -238,9 +253,10 @@ def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta,
     # one loop (Triton 3.6's warp-specialisation pass takes no second one), masked unless no block needs it
     dk, dv = _dkdv_tma(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, Slopes, b, h_kv, begin, end, start_n,
                        offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
-                       tl.zeros([BLOCK_N], tl.int32), H=H, GROUP=H // KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
-                       BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=BANDED or not QUERIES_EVEN, SOFTCAP=SOFTCAP,
-                       ALIBI=ALIBI, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE)
+                       tl.zeros([BLOCK_N], tl.int32), ds_desc, ds_rows, H=H, GROUP=H // KV_H, HEAD_DIM=HEAD_DIM,
+                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=BANDED or not QUERIES_EVEN,
+                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE,
+                       STORE_DS=DS)
     kv_base = head_start(b, h_kv, seq_k, KV_H, HEAD_DIM)
     store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, False)
     store_tile(dV + kv_base, dv, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, False)
@@ -248,26 +264,27 @@ def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta,
 
 @triton.jit
 def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
-                  keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr,
+                  keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, dS, H: tl.constexpr, KV_H: tl.constexpr,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
                   DROP_THRESHOLD: tl.constexpr, SPLIT: tl.constexpr, POSITIONS: tl.constexpr,
                   TMA: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
-                  QUERIES_EVEN: tl.constexpr = False):
+                  QUERIES_EVEN: tl.constexpr = False, DS: tl.constexpr = False):
     """Arguments as attn_fwd's; QueryRanges (batch, key blocks, 2): the queries that can share a segment
     id with each key block. One program per (key block, batch * KV_H[, dV or dK where SPLIT]).
     TMA (Hopper config rows; which calls take them: jax_flash_amd/_launch.py _takes_tma): tiles through
     TMA descriptors, WARP_SPECIALIZE splitting the query loop into producer and consumer warps;
-    QUERIES_EVEN says every query and key block is whole (the loop then runs unmasked without a band)."""
+    QUERIES_EVEN says every query and key block is whole (the loop then runs unmasked without a band).
+    dS: the dS path's workspace (ds_tiles), written where DS (TMA only), else a placeholder."""
     USE_TMA: tl.constexpr = (TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM) & (not SPLIT)
                              & (DROP_THRESHOLD == 0) & (not SEGMENTS))
     # DK / DV must be compile-time constants (each program holds only the accumulators it needs), hence
     # one call per case
     if USE_TMA:
         _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap, seq_q,
-                          seq_k, lo_off, hi_off, dK, dV, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
+                          seq_k, lo_off, hi_off, dK, dV, dS, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
                           BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS,
-                          WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN)
+                          WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS)
     elif not SPLIT:
         _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
                       keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=True, H=H, KV_H=KV_H,
@@ -389,3 +406,67 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, d
                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
                    DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=USE_TMA)
     store_tile(dQ + q_base, dq * sm_scale, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, BLOCK_D != HEAD_DIM)
+
+
+@triton.jit
+def ds_tiles(dS, b, seq_q, seq_k, H: tl.constexpr, DS_BLOCK_N: tl.constexpr, BLOCK_KEYS: tl.constexpr,
+             BLOCK_QUERIES: tl.constexpr):
+    """(descriptor, rows per head) of the dS path's workspace: dS^T of every (batch, head) as
+    (batch * H * rows, cols) 16-bit, rows = seq_k rounded up to the dK/dV row's BLOCK_N (DS_BLOCK_N: each
+    key block's tiles whole), cols = seq_q rounded up to 8 (16-byte aligned rows); key j, query i of
+    (b, h) at ((b * H + h) * rows + j, i). [BLOCK_KEYS, BLOCK_QUERIES] tiles, bounded at batch element
+    b's end. Only tiles of the blocks dK/dV visits are written: readers mask the others (attn_bwd_dq_ds)."""
+    rows = tl.cdiv(seq_k, DS_BLOCK_N) * DS_BLOCK_N
+    cols = tl.cdiv(seq_q, 8) * 8
+    desc = tl.make_tensor_descriptor(dS, shape=[(b + 1) * H * rows, cols], strides=[cols, 1],
+                                     block_shape=[BLOCK_KEYS, BLOCK_QUERIES])
+    return desc, rows
+
+
+@triton.jit
+def _dq_ds_inner(dq, ds_desc, k_desc, ds_row, kv_row, kv_col, lo, hi, lo2, hi2, start_m, seq_q, seq_k, lo_off,
+                 hi_off, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr):
+    """Key blocks of [lo, hi) then [lo2, hi2): dq += dS K, the invisible pairs selected away where MASKED
+    (their tiles may never have been written)."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
+        start_n = span_block(i, lo, hi, lo2, BLOCK_N)
+        ds_t = ds_desc.load([ds_row + start_n, start_m])  # [BN, BM]
+        if MASKED:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            ds_t = tl.where(visible(offs_m[None, :], offs_n[:, None], seq_q, seq_k, lo_off, hi_off, 0, 0, BANDED,
+                                    False), ds_t, 0.0)
+        k = k_desc.load([kv_row + start_n, kv_col])
+        dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k, dq, input_precision="ieee")
+    return dq
+
+
+@triton.jit
+def attn_bwd_dq_ds(K, Positions, dS, sm_scale, seq_q, seq_k, lo_off, hi_off, dQ, H: tl.constexpr,
+                   KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BANDED: tl.constexpr, POSITIONS: tl.constexpr, DS_BLOCK_N: tl.constexpr):
+    """dQ = scale dS K from the dS path's workspace dS (ds_tiles; DS_BLOCK_N: the dK/dV row's BLOCK_N):
+    one product per tile where attn_bwd_dq computes three. The key blocks of masking.key_blocks, the
+    band's edges masked. 16-bit, power-of-two heads (TMA descriptors)."""
+    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
+    ds_desc, ds_rows = ds_tiles(dS, b, seq_q, seq_k, H, DS_BLOCK_N, BLOCK_N, BLOCK_M)
+    k_desc = element_tiles(K, b, seq_k, STRIDE_KV, BLOCK_N, HEAD_DIM)
+    lo_off, hi_off, diag, pos_q, pos_k = place(Positions, b, seq_q, seq_k, lo_off, hi_off, POSITIONS)
+    start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, 0, b, BLOCK_M, BLOCK_N,
+                                                  BANDED, False)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    ds_row = bh * ds_rows
+    kv_row = b * seq_k
+    kv_col = (h // (H // KV_H)) * HEAD_DIM
+    dq = _dq_ds_inner(dq, ds_desc, k_desc, ds_row, kv_row, kv_col, start, full_start, full_end, end, start_m, seq_q,
+                      seq_k, lo_off, hi_off, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=True)
+    dq = _dq_ds_inner(dq, ds_desc, k_desc, ds_row, kv_row, kv_col, full_start, full_end, full_end, full_end,
+                      start_m, seq_q, seq_k, lo_off, hi_off, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                      MASKED=False)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    store_tile(dQ + head_start(b, h, seq_q, H, HEAD_DIM), dq * sm_scale, offs_m, tl.arange(0, HEAD_DIM),
+               H * HEAD_DIM, seq_q, HEAD_DIM, False)

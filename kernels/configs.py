@@ -185,8 +185,17 @@ PERSISTENT_BANDED_BLOCKS = 32
 # tiles; with lse and delta pointer-loaded in the loop 2.00 / 7.71; 8 warps is not specialised (2.60);
 # 128 x 128 and 64 x 64 2-3x slower. dQ: K and V through TMA without warp specialisation 1.33 / 5.37 ms
 # against 1.42 / 5.96 (warp-specialised 64 x 64: 2.31, 128-query tiles fail to compile in Triton 3.6).
+# DS: the dS path (kernels/bwd.py; _launch.backward, where DS_WORKSPACE_BYTES allows): dK/dV also stores dS^T,
+# and dQ is one product from it (attn_bwd_dq_ds) instead of three. Standalone prototypes (H200, bf16, ms,
+# dK/dV loop alone / with the store + torch's bmm for dQ; 4 x 4096 x 16 x 128: 1.64 / 1.90 + 0.54, causal
+# 0.96 / 1.14 + 0.55 (bmm over the whole square); 1 x 16384 x 16 x 128: 6.13 / 7.88 + 2.00, causal 3.23 /
+# 4.19 + 2.01; D 64, 4 x 4096 x 32: 2.07 / 2.65 + 1.01), against 1.33 / 5.37 ms (causal 0.83 / 3.06) for the
+# dQ kernel's three products at D 128. The store through TMA: pointer stores were no faster and returned
+# NaN once under warp specialisation (Triton 3.6). Shipped (benchmarks.attention, same run): D 128 backward /
+# cuDNN 1.01 / 0.95 / 0.91 at N 1024 / 4096 / 16384 (causal 0.94 / 0.92 / 0.86), was 0.89 / 0.86 / 0.81 (0.92 /
+# 0.82 / 0.79) with seven products.
 _SM90_DKDV_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2, TMA=True,
-                      WARP_SPECIALIZE=True)
+                      WARP_SPECIALIZE=True, DS=True)
 _SM90_DQ_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, TMA=True)
 # D 33-64 (benchmarks/hopper_rows_sweep.py, H200, bf16, 32 heads, whole backward in ms against the pointer
 # rows', N 1024 / 4096 / 16384): dQ through TMA 64 x 64 x 4 x 3 1.17 / 4.10 / 15.84 vs 1.22 / 4.33 / 16.81
@@ -195,8 +204,18 @@ _SM90_DQ_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=64, BLOCK_N=64, num
 # causal N 4096, slower at N 1024 (causal: 15 %, the loops are 1-8 blocks long and all masked); 64 x 128 and
 # 64 / 128 x 64 slower. (The D 64 forward: _SM90_FWD64_TMA above.)
 # D <= 32 keeps the pointer rows (not measured with TMA: min_block_d).
-_SM90_DKDV64_TMA = dict(_SM90_DKDV_TMA, max_block_d=64, min_block_d=64, BLOCK_M=128)
+# No dS path at D 64: the store spills there (sm90 ptxas: 56-112 bytes at 168 registers) and the backward / cuDNN
+# fell from 0.90 / 0.90 / 0.90 to 0.87 / 0.79 / 0.80 (N 1024 / 4096 / 16384; causal 0.86 / 0.81 / 0.77 to 0.80 /
+# 0.68 / 0.69): half the products per byte of dS.
+_SM90_DKDV64_TMA = dict(_SM90_DKDV_TMA, max_block_d=64, min_block_d=64, BLOCK_M=128, DS=False)
 _SM90_DQ64_TMA = dict(_SM90_DQ_TMA, max_block_d=64, min_block_d=64, num_stages=3)
+
+
+# the dS path's dQ (attn_bwd_dq_ds: a product from memory, 16-bit, power-of-two heads up to 128)
+_SM90_DQ_DS = dict(max_block_d=128, max_itemsize=2, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+# the most memory the dS path's workspace (16-bit dS of seq_q x seq_k per head) may take per launch; a call
+# needing more runs by groups of heads, or, where one head's does not fit, takes the seven-product path
+DS_WORKSPACE_BYTES = 2 << 30
 
 
 def _sm90(rows, *tma_rows):
@@ -222,7 +241,9 @@ _SM90_TARGET = {**_CUDA_TARGET, "fwd": _sm90(_CUDA["fwd"], _SM90_FWD_TMA, _SM90_
                 # 0.361, 2 x 8192 0.394 / 0.392 / 0.347, 4 x 4096 0.368 / 0.375 / 0.317: the TMA row where it
                 # runs persistent (its short key ranges: at any length, _launch.persistent_programs)
                 "fwd+window": _sm90(_CUDA_TARGET["fwd+window"], dict(_SM90_FWD_TMA, persistent_only=True)),
-                "dkdv+window": _sm90(_CUDA_TARGET["dkdv+window"], _SM90_DKDV_TMA),
+                # (no dS path: its workspace would hold whole rows of which a window uses a band)
+                "dkdv+window": _sm90(_CUDA_TARGET["dkdv+window"], dict(_SM90_DKDV_TMA, DS=False)),
+                "dqds": [_SM90_DQ_DS],
                 "dq+window": _sm90(_CUDA_TARGET["dq+window"], _SM90_DQ_TMA)}
 
 
@@ -245,6 +266,7 @@ TARGETS = {
         "dkdv": [dict(max_block_d=64, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
                  dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, SPLIT=True, num_warps=4, num_stages=1)],
         "dq": [dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)],
+        "dqds": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)],
         "keys_last": [dict(max_block_d=512, BLOCK_N=16, num_warps=4, num_stages=1)],
         # other blocks for narrow windows, so the tests run the "+window" selection too (and the forward's
         # EDGES_FIRST order, which the AMD rows take)

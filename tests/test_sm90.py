@@ -21,18 +21,18 @@ from jax_flash_amd.kernels import configs
 from jax_flash_amd.kernels.masking import persistent_rounds, persistent_tile
 from jax_flash_amd.rules import Band
 
-KERNELS = ("fwd", "dkdv", "dq")
-ROWS = []  # (kernel, row)
+KERNELS = ("fwd", "dkdv", "dq", "dqds")
+ROWS = []  # (kernel, row): the TMA rows, and the dS path's dQ rows (TMA descriptors too)
 for _kernel in KERNELS:
-    for _row in configs.TARGETS["sm90"][_kernel] + configs.CANDIDATES["sm90"][_kernel]:
-        if _row.get("TMA") and (_kernel, _row) not in ROWS:
+    for _row in configs.TARGETS["sm90"][_kernel] + configs.CANDIDATES["sm90"].get(_kernel, []):
+        if (_row.get("TMA") or _kernel == "dqds") and (_kernel, _row) not in ROWS:
             ROWS.append((_kernel, _row))
 
 
 def _id(kernel_row):
     kernel, row = kernel_row
     return (f"{kernel}-d{row['max_block_d']}-{row['BLOCK_M']}x{row['BLOCK_N']}-w{row['num_warps']}"
-            f"-s{row['num_stages']}" + ("-ws" if row.get("WARP_SPECIALIZE") else ""))
+            f"-s{row['num_stages']}" + ("-ws" if row.get("WARP_SPECIALIZE") else "") + ("-ds" if row.get("DS") else ""))
 
 
 # window: both sides bound (the "+window" rows take the TMA rows too), narrower than a block
@@ -47,10 +47,13 @@ VARIANTS = {"plain": {}, "softcap": dict(softcap=20.0), "alibi": {}, "gqa": {}, 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-def test_every_sm90_row(kernel_row, dtype, causal, seq, variant):
-    """The row runs its kernel (the others their defaults) in a forward and a backward against float64."""
+def test_every_sm90_row(kernel_row, dtype, causal, seq, variant, monkeypatch):
+    """The row runs its kernel (the others their defaults) in a forward and a backward against float64;
+    a dK/dV row marked DS runs the dS path, the dQ rows the seven-product one (that is where they serve)."""
     if _triton.target() != "sm90":
         pytest.skip("needs a Hopper GPU")
+    if kernel_row[0] == "dq":
+        monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", 0)
     if variant != "plain" and (dtype != jnp.bfloat16 or seq != 300):
         pytest.skip("variants: bf16, ragged")
     kernel, row = kernel_row
@@ -86,6 +89,10 @@ TMA_INTERPRET_ROW = dict(max_block_d=512, BLOCK_M=16, BLOCK_N=16, num_warps=4, n
                          WARP_SPECIALIZE=True)
 TMA_INTERPRET_ROWS = {"fwd": TMA_INTERPRET_ROW, "dq": dict(TMA_INTERPRET_ROW, BLOCK_M=32),
                       "dkdv": dict(TMA_INTERPRET_ROW, BLOCK_N=32)}
+# the dS path (dK/dV stores dS^T, attn_bwd_dq_ds reads it; the interpreter NaN-poisons what no kernel writes,
+# so a tile read unmasked that dK/dV skipped shows)
+DS_INTERPRET_ROWS = {**TMA_INTERPRET_ROWS, "dkdv": dict(TMA_INTERPRET_ROW, BLOCK_N=32, DS=True),
+                     "dqds": dict(max_block_d=512, BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)}
 # (dK/dV takes its TMA path where seq_q is a multiple of 4: _launch._dkdv_takes_tma; "cross-causal" and
 # "ragged-odd" run its pointer path after the TMA forward and dQ)
 TMA_CASES = {
@@ -98,21 +105,39 @@ TMA_CASES = {
 }
 
 
+@pytest.mark.parametrize("path", ["seven", "ds", "ds-by-heads"])
 @pytest.mark.parametrize("case", list(TMA_CASES))
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
-def test_tma_path_in_the_interpreter(case, dtype):
+def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     from jax_flash_amd import _interpret
     _interpret.check_available()  # what the public API does first (it also mends the interpreter's bf16)
     c = {**dict(causal=False, window=(-1, -1), softcap=0.0, alibi=False, h_kv=2), **TMA_CASES[case]}
     b, h, d = 3, 2, 32
+    if path != "seven" and dtype != jnp.float16:
+        pytest.skip("the dS path: float16 (bfloat16 takes the same code)")
+    rows = TMA_INTERPRET_ROWS if path == "seven" else DS_INTERPRET_ROWS
+    if path == "ds-by-heads":  # room for one key/value head's workspace: a launch per head
+        if c["h_kv"] == 1:
+            pytest.skip("one key/value head")
+        one_head = b * (h // c["h_kv"]) * -(-c["sk"] // 32) * 32 * -(-c["sq"] // 8) * 8 * 2
+        monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", one_head)
     q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), dtype, seed=7)
     slopes = jnp.asarray([[0.3, 0.1]] * b, jnp.float32) if c["alibi"] else None
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]), softcap=c["softcap"])
     extras = Operands(slopes=slopes)
-    out, lse2 = _launch.forward(_interpret.run, "interpret", q, k, v, extras, statics=statics, rows=TMA_INTERPRET_ROWS)
-    dq, dk, dv = _launch.backward(_interpret.run, "interpret", q, k, v, out, lse2, dout, dlse, extras,
-                                  statics=statics, rows=TMA_INTERPRET_ROWS)
+    launched = []
+
+    def run(launch):
+        launched.append(launch.kernel.__name__)
+        return _interpret.run(launch)
+
+    out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, rows=rows)
+    dq, dk, dv = _launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics,
+                                  rows=rows)
+    takes_tma = c["sq"] % 4 == 0 and not c["softcap"]  # _launch._dkdv_takes_tma; else the seven products
+    expected = (2 if path == "ds-by-heads" else 1) if path != "seven" and takes_tma else 0
+    assert launched.count("attn_bwd_dq_ds") == expected, launched
     kw = dict(causal=c["causal"], softcap=c["softcap"])
     ref = oracle.attention(q, k, v, dout, dlse, window=c["window"], alibi=slopes, **kw)
     base = run_impl("xla", q, k, v, dout, dlse, window_size=c["window"], alibi_slopes=slopes, **kw)
@@ -139,7 +164,9 @@ def test_tma_path_as_a_block_of_a_larger_call(case):
         return (out, lse2, *_launch.backward(_interpret.run, "interpret", q, k, v, out, lse2, dout, dlse, extras,
                                              statics=statics, rows=rows))
 
-    for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), grads(TMA_INTERPRET_ROWS), grads(None)):
+    want_all = grads(None)
+    for name, got, want in [*zip(("out", "lse", "dq", "dk", "dv"), grads(TMA_INTERPRET_ROWS), want_all),
+                            *zip(("ds: dq", "ds: dk", "ds: dv"), grads(DS_INTERPRET_ROWS)[2:], want_all[2:])]:
         g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
         np.testing.assert_array_equal(np.isneginf(g), np.isneginf(w), err_msg=name)
         fin = np.isfinite(w)
