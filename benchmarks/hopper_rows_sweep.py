@@ -3,10 +3,11 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
 
     python -m benchmarks.hopper_rows_sweep [OUT.json [SET,...]]    # sets: d64, window, mask, d128bwd, persistent,
                                                                    # d64persistent, d64long, windowpersistent, windowany,
-                                                                   # tail
+                                                                   # tail, ds
 
-A case swaps the row of one kernel ("fwd", "dq" or "dkdv") and times the forward, or the whole backward
-(dQ then dK/dV: the other kernel keeps its shipped row, so a difference is the swapped kernel's). A row that
+A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
+(the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
+swaps other kernels' rows along with it). A row that
 compiles but computes something else (Triton 3.6's warp specialisation returns NaN for some tiles) shows
 as its max error relative to the largest reference value.
 """
@@ -30,7 +31,8 @@ def _row(d, bm, bn, w, s, tma=True, ws=False, **extra):
 def _name(row):
     return (f"{row['BLOCK_M']}x{row['BLOCK_N']}w{row['num_warps']}s{row['num_stages']}"
             + ("tma" if row.get("TMA") else "") + ("ws" if row.get("WARP_SPECIALIZE") else "")
-            + "".join(f",{k}={v}" for k, v in row.items() if k in ("KEYS_EVEN", "PERSISTENT")))
+            + "".join(f",{k}={v}" for k, v in row.items() if k in ("KEYS_EVEN", "PERSISTENT", "DS"))
+            + "".join(f",{k}:{_name(r)}" for k, r in row.get("_with", {}).items()))
 
 
 D64 = {
@@ -48,7 +50,18 @@ WINDOW = {
 D128_BWD = {
     "dq": [_row(128, 64, 64, 4, 3), _row(128, 64, 128, 4, 2), _row(128, 128, 64, 8, 2)],
     "dkdv": [_row(128, 64, 128, 4, 3, ws=True)],  # the prototype's 128 x 128 and 64 x 64: 2-3x slower
+    # the candidates on the seven-product path, where dQ's rows serve (the defaults now take the dS path)
+    "_limits": dict(DS_WORKSPACE_BYTES=0),
 }
+# the dS path (kernels/bwd.py): its dQ kernel's tiles at D 128; at D 64 (shipped without it: the 128 x 128
+# dK/dV tile spills with the store) the dK/dV tiles with it, and a dQ tile along
+def _dqds(d, bm, bn, w, s):
+    return dict(max_block_d=d, max_itemsize=2, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
+
+
+DS_D128 = {"dqds": [_dqds(128, 64, 64, 4, 3), _dqds(128, 128, 128, 8, 3), _dqds(128, 64, 128, 4, 3)]}
+DS_D64 = {"dkdv": [_row(64, 64, 128, 4, 2, ws=True, DS=True), _row(64, 128, 128, 4, 2, ws=True, DS=True),
+                   _row(64, 64, 128, 4, 2, ws=True, DS=True, _with={"dqds": _dqds(64, 64, 64, 4, 3)})]}
 # the D 128 forward row one program per tile (the shipped one is persistent where balanced: kernels/configs.py)
 PERSISTENT = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, PERSISTENT=0)]}
 # the D 64 forward through TMA + WS made persistent (tiled, these tiles were 0-40 % slower than the pointer row)
@@ -83,6 +96,8 @@ SETS = {
     "tail": [((1, 2048, 16, 128), True, (-1, -1), PERSISTENT), ((1, 2048, 32, 128), True, (-1, -1), PERSISTENT)],
     "d128bwd": [((b, n, 16, 128), causal, (-1, -1), D128_BWD) for b, n in ((4, 4096), (1, 16384))
                 for causal in (False, True)],
+    "ds": [((4, 4096, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)]
+          + [((4, 4096, 32, 64), causal, (-1, -1), DS_D64) for causal in (False, True)],
 }
 
 
@@ -103,11 +118,10 @@ def main(out_path, sets):
     print("target", _triton.target(), flush=True)
     target = _triton.target()
     results = []
-    shipped_limits = dict(PERSISTENT_BANDED_BLOCKS=configs.PERSISTENT_BANDED_BLOCKS,
-                          PERSISTENT_BALANCE=configs.PERSISTENT_BALANCE)
     for (b, n, h, d), causal, window, candidates in [case for name in sets for case in SETS[name]]:
         candidates = dict(candidates)
         limits = candidates.pop("_limits", {})  # for the candidates only: the defaults run the shipped ones
+        shipped_limits = {key: getattr(configs, key) for key in limits}
         ks = jax.random.split(jax.random.key(0), 4)
         q, k, v, do = (jax.random.normal(x, (b, n, h, d), jnp.bfloat16) for x in ks)
         statics = _launch.Statics(d ** -0.5, Band.of(causal, window, n, n))
@@ -142,7 +156,8 @@ def main(out_path, sets):
                 for row in candidates[kn]:
                     key = f"{part}:{kn}:{_name(row)}"
                     try:
-                        f = make[part]({kn: row})
+                        with_rows = row.get("_with", {})
+                        f = make[part]({kn: {k: v for k, v in row.items() if k != "_with"}, **with_rows})
                         got = f(*args[part])
                         got = got if part == "bwd" else got[:1]  # the forward's (out, lse): out
                         line[key] = dict(ms=round(median_seconds(f, *args[part], budget_s=0.3) * 1e3, 4),

@@ -117,7 +117,7 @@ def _backward(opts: Options, treedef, q, k, v, *rest):
     *leaves, out, lse2, dout, dlse = rest
     run, target = backend(opts.implementation)
     return _launch.backward(run, target, q, k, v, out, lse2, dout, dlse, jax.tree.unflatten(treedef, leaves),
-                            statics=opts.statics, rows=_rows(opts, run, target, q, k, ("dkdv", "dq")))
+                            statics=opts.statics, rows=_rows(opts, run, target, q, k, ("dkdv", "dq", "dqds")))
 
 
 LN2 = 0.6931471805599453

@@ -260,32 +260,41 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
     return out, lse
 
 
-def _ds_heads(q, k, dkdv_blocks: dict) -> int:
+def _dkdv_config(target: str, q, k, statics: Statics, extras: Operands, rows) -> tuple[dict, dict]:
+    blocks, options = pick_config(target, "dkdv", q.shape[3], q.dtype, rows, _kind(q, k, statics),
+                                  tma=_dkdv_takes_tma(q, statics, extras))
+    blocks = {"SPLIT": False, **blocks}
+    if blocks.get("TMA"):  # kernels/bwd.py: the TMA loop goes unmasked when every block is whole
+        blocks["QUERIES_EVEN"] = q.shape[1] % blocks["BLOCK_M"] == 0 and k.shape[1] % blocks["BLOCK_N"] == 0
+    return blocks, options
+
+
+def ds_heads(target: str, q, k, statics: Statics, extras: Operands = Operands(), rows=None) -> int:
     """Key/value heads per launch of the dS path (kernels/bwd.py), 0 for the seven-product path: the most
     (a divisor of the key/value heads, so every launch compiles the same) whose workspace (ds_tiles:
-    16-bit, seq_k x seq_q per query head, rounded up) stays within configs.DS_WORKSPACE_BYTES. Only with a
-    dK/dV row marked DS (sm90 TMA rows: the path's H200 measurements in configs.py)."""
-    if not dkdv_blocks.get("DS") or not dkdv_blocks.get("TMA"):
+    16-bit, seq_k x seq_q per query head, rounded up) stays within configs.DS_WORKSPACE_BYTES, its rows
+    within int32 (TMA coordinates). Only with a dK/dV row marked DS (sm90 TMA rows: the path's H200
+    measurements in configs.py), and not for narrow windows (configs.NARROW_WINDOW: the workspace would
+    hold whole rows of which the band uses a few blocks; seven products measured fast enough there)."""
+    blocks, _ = _dkdv_config(target, q, k, statics, extras, rows)
+    if (not blocks.get("DS") or not blocks.get("TMA") or blocks["SPLIT"]
+            or statics.band.narrow(configs.NARROW_WINDOW)):
         return 0
     b, sq, h, _ = q.shape
     sk, h_kv = k.shape[1], k.shape[2]
-    per_head = b * (h // h_kv) * _cdiv(sk, dkdv_blocks["BLOCK_N"]) * dkdv_blocks["BLOCK_N"] * _cdiv(sq, 8) * 8 * 2
-    return next((n for n in range(h_kv, 0, -1) if h_kv % n == 0 and n * per_head <= configs.DS_WORKSPACE_BYTES), 0)
+    head_rows = b * (h // h_kv) * _cdiv(sk, blocks["BLOCK_N"]) * blocks["BLOCK_N"]
+    fits = [n for n in range(h_kv, 0, -1) if h_kv % n == 0 and n * head_rows < 2 ** 31
+            and n * head_rows * _cdiv(sq, 8) * 8 * 2 <= configs.DS_WORKSPACE_BYTES]
+    return fits[0] if fits else 0
 
 
 def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Operands = Operands(), *,
              statics: Statics, rows=None):
     """(dq, dk, dv) for cotangents dout (like out) and dlse (of the natural lse); lse2 as forward returns it."""
-    d = q.shape[3]
-    kind = _kind(q, k, statics)
-    blocks, options = pick_config(target, "dkdv", d, q.dtype, rows, kind, tma=_dkdv_takes_tma(q, statics, extras))
-    blocks = {"SPLIT": False, **blocks}
-    if blocks.get("TMA"):  # kernels/bwd.py: the TMA loop goes unmasked when every block is whole
-        blocks["QUERIES_EVEN"] = q.shape[1] % blocks["BLOCK_M"] == 0 and k.shape[1] % blocks["BLOCK_N"] == 0
-    dkdv = (blocks, options)
-    heads = _ds_heads(q, k, blocks)
+    dkdv = _dkdv_config(target, q, k, statics, extras, rows)
+    heads = ds_heads(target, q, k, statics, extras, rows)
     if not heads:
-        return _backward_7(run, target, q, k, v, out, lse2, dout, dlse, extras, statics, rows, kind, dkdv)
+        return _backward_7(run, target, q, k, v, out, lse2, dout, dlse, extras, statics, rows, dkdv)
     h_kv, group = k.shape[2], q.shape[2] // k.shape[2]
     # delta = rowsum(dO * O) - dlse, (batch, heads, seq_q): dK/dV runs first here (cuDNN's backward makes
     # the same pass)
@@ -293,9 +302,10 @@ def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Oper
     parts = []
     for lo in range(0, h_kv, heads):  # by heads: each launch a whole attention of its heads, no partial sums
         qh, kh = slice(lo * group, (lo + heads) * group), slice(lo, lo + heads)
-        parts.append(_backward_ds(
-            run, target, q[:, :, qh], k[:, :, kh], v[:, :, kh], lse2[:, qh], delta[:, qh], dout[:, :, qh],
-            extras.heads(lo, lo + heads, group), statics, rows, dkdv))
+        inputs = (q[:, :, qh], k[:, :, kh], v[:, :, kh], lse2[:, qh], delta[:, qh], dout[:, :, qh])
+        if parts:  # one group after another, so that one workspace is live at a time
+            _, inputs = jax.lax.optimization_barrier((parts[-1], inputs))
+        parts.append(_backward_ds(run, target, *inputs, extras.heads(lo, lo + heads, group), statics, rows, dkdv))
     if len(parts) == 1:
         return parts[0]
     return tuple(jnp.concatenate(g, axis=2) for g in zip(*parts))
@@ -329,13 +339,14 @@ def _backward_ds(run, target, q, k, v, lse2, delta, dout, extras, statics, rows,
     return dq, dk, dv
 
 
-def _backward_7(run, target, q, k, v, out, lse2, dout, dlse, extras, statics, rows, kind, dkdv):
+def _backward_7(run, target, q, k, v, out, lse2, dout, dlse, extras, statics, rows, dkdv):
     """Seven products per tile: dQ (which also writes delta), then dK/dV."""
     b, sq, h, d = q.shape
     sk = k.shape[1]
     scalars, constexprs = _common(q, k, statics)
     # dQ first: it writes delta (b, h, seq_q), which the dK/dV kernel reads
-    blocks, options = pick_config(target, "dq", d, q.dtype, rows, kind, tma=_takes_tma(q, statics, extras))
+    blocks, options = pick_config(target, "dq", d, q.dtype, rows, _kind(q, k, statics),
+                                  tma=_takes_tma(q, statics, extras))
     dq, delta = run(_launch(
         bwd.attn_bwd_dq, grid=(_cdiv(sq, blocks["BLOCK_M"]), b * h),
         inputs=dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, blocks["BLOCK_M"]), Out=out, dOut=dout,

@@ -14,7 +14,8 @@ choice instead of re-tuning (and recompiling) per length. Tuning runs the candid
 caller is being traced, so the first trace of a new key takes seconds to minutes (one Triton compile per candidate). ``table()``
 lists the choices, ``forget()`` drops them, and the logger ``jax_flash_amd.autotune`` at INFO level
 prints every candidate's time (a config sweep: that is how kernels/configs.py's defaults are chosen).
-The forward is tuned on the first forward, dK/dV and dQ on the first backward.
+The forward is tuned on the first forward, dK/dV and dQ on the first backward (dQ's kernel of the path the
+call takes: "dq" for seven products, "dqds" for the dS path, _launch.ds_heads).
 """
 from __future__ import annotations
 
@@ -94,6 +95,8 @@ def rows_for(run, target: str, q, k, statics: _launch.Statics, kernels: tuple[st
         return None
     rows = {}
     for kernel in kernels:
+        if kernel in ("dq", "dqds") and (kernel == "dqds") != bool(_launch.ds_heads(target, q, k, statics, rows=rows)):
+            continue  # the backward this call runs (seven products, or the dS path) does not launch it
         key = _key(target, kernel, q, k, statics)
         if key not in _table:
             _table[key] = _tune(run, target, kernel, q, k, statics, rows)

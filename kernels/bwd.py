@@ -1,4 +1,5 @@
-"""Backward kernels: dQ (loop over key blocks; also writes delta), then dK/dV (loop over query blocks).
+"""Backward kernels: dQ (loop over key blocks; also writes delta), then dK/dV (loop over query blocks); or,
+on the dS path (below), dK/dV storing dS, then dQ from it.
 
 No atomics: every output block is written by exactly one program, so gradients are deterministic.
 SPLIT (wide heads): dV and dK come from separate programs (grid axis 2), each holding one fp32

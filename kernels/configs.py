@@ -12,13 +12,15 @@ forward) calls bounded by a band (causal, window) only up to that many queries a
 ``persistent_only`` only the calls it runs persistent with more tiles than programs (jax_flash_amd/_launch.py
 forward). Upper-case keys are the
 kernel's constexprs (BLOCK_*; dK/dV's SPLIT, default False: dK and dV from separate programs; the forward's
-PERSISTENT, programs per compute unit of a persistent grid, jax_flash_amd/_launch.py persistent_programs), other
+PERSISTENT, programs per compute unit of a persistent grid, jax_flash_amd/_launch.py persistent_programs; dK/dV's
+DS, the dS path, jax_flash_amd/_launch.py ds_heads), other
 lower-case ones compiler options (num_warps, num_stages; on HIP also waves_per_eu and matrix_instr_nonkdim, which need
 a jax-triton that forwards them).
 
 Kernels: "fwd" (BLOCK_M queries held, BLOCK_N keys streamed), "dkdv" (BLOCK_N keys held, BLOCK_M
-queries streamed), "dq" (BLOCK_M queries held, BLOCK_N keys streamed; also delta),
-"keys_last" (BLOCK_N keys of V transposed for the fp8 forward).
+queries streamed), "dq" (BLOCK_M queries held, BLOCK_N keys streamed; also delta), "dqds" (the dS path's
+dQ: BLOCK_M queries held, BLOCK_N keys of dS and K streamed), "keys_last" (BLOCK_N keys of V transposed for
+the fp8 forward).
 """
 
 _KEYS_LAST = [dict(max_block_d=512, BLOCK_N=64, num_warps=4, num_stages=1)]  # the fp8 forward's V^T
@@ -241,8 +243,8 @@ _SM90_TARGET = {**_CUDA_TARGET, "fwd": _sm90(_CUDA["fwd"], _SM90_FWD_TMA, _SM90_
                 # 0.361, 2 x 8192 0.394 / 0.392 / 0.347, 4 x 4096 0.368 / 0.375 / 0.317: the TMA row where it
                 # runs persistent (its short key ranges: at any length, _launch.persistent_programs)
                 "fwd+window": _sm90(_CUDA_TARGET["fwd+window"], dict(_SM90_FWD_TMA, persistent_only=True)),
-                # (no dS path: its workspace would hold whole rows of which a window uses a band)
-                "dkdv+window": _sm90(_CUDA_TARGET["dkdv+window"], dict(_SM90_DKDV_TMA, DS=False)),
+                "dkdv+window": _sm90(_CUDA_TARGET["dkdv+window"], _SM90_DKDV_TMA),  # seven products
+                # (_launch.ds_heads: no dS path for narrow windows)
                 "dqds": [_SM90_DQ_DS],
                 "dq+window": _sm90(_CUDA_TARGET["dq+window"], _SM90_DQ_TMA)}
 
@@ -347,7 +349,12 @@ CANDIDATES = {
     "cuda": _CUDA_CANDIDATES,
     "sm90": {**_CUDA_CANDIDATES, "fwd": _with_tma(_CUDA_CANDIDATES["fwd"], [_SM90_FWD_TMA]),
              "dkdv": _with_tma(_CUDA_CANDIDATES["dkdv"], [_SM90_DKDV64_TMA, _SM90_DKDV_TMA]),
-             "dq": _with_tma(_CUDA_CANDIDATES["dq"], [_SM90_DQ64_TMA, _SM90_DQ_TMA])},
+             "dq": _with_tma(_CUDA_CANDIDATES["dq"], [_SM90_DQ64_TMA, _SM90_DQ_TMA]),
+             # H200, bf16, whole backward on the dS path, 4 x 4096 x 16 x 128 ms non-causal / causal
+             # (benchmarks/hopper_rows_sweep.py ds): 128 x 64 x 8 x 3 (shipped) 2.909 / 1.745, 64 x 64 x 4 x 3
+             # 2.891 / 1.680, 128 x 128 x 8 x 3 2.857 / 1.703, 64 x 128 x 4 x 3 2.994 / 1.801
+             "dqds": [_SM90_DQ_DS, dict(_SM90_DQ_DS, BLOCK_M=64, num_warps=4),
+                      dict(_SM90_DQ_DS, BLOCK_N=128)]},
     "gfx90a": _hip_candidates(),
     "gfx942": _hip_candidates(),
     "gfx950": _hip_candidates(),

@@ -57,6 +57,11 @@ def test_every_sm90_row(kernel_row, dtype, causal, seq, variant, monkeypatch):
     if variant != "plain" and (dtype != jnp.bfloat16 or seq != 300):
         pytest.skip("variants: bf16, ragged")
     kernel, row = kernel_row
+    takes_ds = kernel == "dqds" or (kernel == "dkdv" and row.get("DS"))
+    if takes_ds:
+        if variant == "softcap":
+            pytest.skip("softcap takes dK/dV's pointer row: seven products")
+        monkeypatch.setattr(configs, "NARROW_WINDOW", 0)  # the window variant takes the dS path too
     d = row["max_block_d"]
     b, h = 2, 4
     h_kv = 2 if variant == "gqa" else h
@@ -67,7 +72,12 @@ def test_every_sm90_row(kernel_row, dtype, causal, seq, variant, monkeypatch):
               else None)
     statics = _launch.Statics(d ** -0.5, Band.of(causal, window, seq, seq), softcap=softcap)
     extras = Operands(slopes=slopes)
-    run, target = _triton.run, _triton.target()
+    target = _triton.target()
+    launched = []
+
+    def run(launch):
+        launched.append(launch.kernel.__name__)
+        return _triton.run(launch)
 
     def fwd_bwd(q, k, v, dout, dlse, e):
         out, lse2 = _launch.forward(run, target, q, k, v, e, statics=statics, rows={kernel: row})
@@ -75,6 +85,8 @@ def test_every_sm90_row(kernel_row, dtype, causal, seq, variant, monkeypatch):
         return dict(out=out, lse=lse2 * np.log(2), **dict(zip(("dq", "dk", "dv"), grads)))
 
     got = jax.jit(fwd_bwd)(q, k, v, dout, dlse, extras)
+    if kernel in ("dkdv", "dqds"):  # the path the row serves ran
+        assert ("attn_bwd_dq_ds" in launched) == bool(takes_ds), launched
     ref = oracle.attention(q, k, v, dout, dlse, causal=causal, window=window, softcap=softcap, alibi=slopes)
     for name, x in got.items():
         assert np.isfinite(np.asarray(x, np.float32)[np.isfinite(ref[name])]).all(), name
@@ -91,8 +103,9 @@ TMA_INTERPRET_ROWS = {"fwd": TMA_INTERPRET_ROW, "dq": dict(TMA_INTERPRET_ROW, BL
                       "dkdv": dict(TMA_INTERPRET_ROW, BLOCK_N=32)}
 # the dS path (dK/dV stores dS^T, attn_bwd_dq_ds reads it; the interpreter NaN-poisons what no kernel writes,
 # so a tile read unmasked that dK/dV skipped shows)
+# dQ's query tiles twice dK/dV's (as on the GPU: 128 against 64), so one dQ tile spans written and skipped ones
 DS_INTERPRET_ROWS = {**TMA_INTERPRET_ROWS, "dkdv": dict(TMA_INTERPRET_ROW, BLOCK_N=32, DS=True),
-                     "dqds": dict(max_block_d=512, BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)}
+                     "dqds": dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)}
 # (dK/dV takes its TMA path where seq_q is a multiple of 4: _launch._dkdv_takes_tma; "cross-causal" and
 # "ragged-odd" run its pointer path after the TMA forward and dQ)
 TMA_CASES = {
@@ -102,6 +115,8 @@ TMA_CASES = {
     "left-window": dict(sq=44, sk=44, window=(7, -1)), "softcap": dict(sq=44, sk=44, causal=True, softcap=5.0),
     "alibi": dict(sq=44, sk=44, alibi=True), "gqa": dict(sq=44, sk=44, causal=True, h_kv=1),
     "gqa-alibi": dict(sq=44, sk=44, alibi=True, h_kv=1),
+    # two groups of two query heads: the dS path by key/value heads slices both (and ALiBi's slopes)
+    "gqa-groups": dict(sq=44, sk=44, causal=True, alibi=True, h=4, h_kv=2),
 }
 
 
@@ -112,18 +127,21 @@ TMA_CASES = {
 def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     from jax_flash_amd import _interpret
     _interpret.check_available()  # what the public API does first (it also mends the interpreter's bf16)
-    c = {**dict(causal=False, window=(-1, -1), softcap=0.0, alibi=False, h_kv=2), **TMA_CASES[case]}
-    b, h, d = 3, 2, 32
-    if path != "seven" and dtype != jnp.float16:
-        pytest.skip("the dS path: float16 (bfloat16 takes the same code)")
+    c = {**dict(causal=False, window=(-1, -1), softcap=0.0, alibi=False, h=2, h_kv=2), **TMA_CASES[case]}
+    b, h, d = 3, c["h"], 32
+    takes_tma = c["sq"] % 4 == 0 and not c["softcap"]  # _launch._dkdv_takes_tma; else the seven products
+    if path != "seven" and (dtype != jnp.float16 or not takes_tma):
+        pytest.skip("the dS path: float16 (bfloat16 takes the same code), calls that take dK/dV's TMA row")
     rows = TMA_INTERPRET_ROWS if path == "seven" else DS_INTERPRET_ROWS
+    if path != "seven":  # windows take the dS path too (the rule: test_which_backwards_take_the_ds_path)
+        monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
     if path == "ds-by-heads":  # room for one key/value head's workspace: a launch per head
         if c["h_kv"] == 1:
             pytest.skip("one key/value head")
         one_head = b * (h // c["h_kv"]) * -(-c["sk"] // 32) * 32 * -(-c["sq"] // 8) * 8 * 2
         monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", one_head)
     q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), dtype, seed=7)
-    slopes = jnp.asarray([[0.3, 0.1]] * b, jnp.float32) if c["alibi"] else None
+    slopes = jnp.asarray([[0.3, 0.1, 0.05, 0.2][:h]] * b, jnp.float32) if c["alibi"] else None
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]), softcap=c["softcap"])
     extras = Operands(slopes=slopes)
     launched = []
@@ -135,13 +153,47 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, rows=rows)
     dq, dk, dv = _launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics,
                                   rows=rows)
-    takes_tma = c["sq"] % 4 == 0 and not c["softcap"]  # _launch._dkdv_takes_tma; else the seven products
-    expected = (2 if path == "ds-by-heads" else 1) if path != "seven" and takes_tma else 0
+    expected = {"seven": 0, "ds": 1, "ds-by-heads": 2}[path]
     assert launched.count("attn_bwd_dq_ds") == expected, launched
     kw = dict(causal=c["causal"], softcap=c["softcap"])
     ref = oracle.attention(q, k, v, dout, dlse, window=c["window"], alibi=slopes, **kw)
     base = run_impl("xla", q, k, v, dout, dlse, window_size=c["window"], alibi_slopes=slopes, **kw)
     assert_close(dict(out=out, lse=lse2 * np.log(2), dq=dq, dk=dk, dv=dv), ref, base, dtype)
+
+
+@pytest.mark.parametrize("shape, kv_heads, d, dtype, causal, window, softcap, heads", [
+    ((4, 4096, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 0.0, 16),  # 2 GiB of dS: one launch
+    ((1, 16384, 16), 16, 128, jnp.bfloat16, True, (-1, -1), 0.0, 4),  # 512 MiB per head: 4 heads a launch
+    ((4, 4096, 32), 8, 128, jnp.float16, True, (-1, -1), 0.0, 4),  # GQA: 4 query heads per key/value head
+    ((1, 131072, 16), 16, 128, jnp.bfloat16, True, (-1, -1), 0.0, 0),  # 32 GiB for one head: seven products
+    ((1, 16384, 16), 16, 128, jnp.bfloat16, True, (4096, 0), 0.0, 4),  # a wide window
+    ((1, 16384, 16), 16, 128, jnp.bfloat16, True, (1024, 0), 0.0, 0),  # a narrow one
+    ((4, 4096, 32), 32, 64, jnp.bfloat16, False, (-1, -1), 0.0, 0),  # D 64 (its row spills with the store)
+    ((4, 4096, 16), 16, 96, jnp.bfloat16, False, (-1, -1), 0.0, 0),  # padded head: no TMA
+    ((4, 4096, 16), 16, 128, jnp.float32, False, (-1, -1), 0.0, 0),
+    ((4, 4095, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 0.0, 0),  # seq_q % 4: dK/dV's pointer row
+    ((4, 4096, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 30.0, 0),  # softcap: dK/dV's pointer row
+])
+def test_which_backwards_take_the_ds_path(shape, kv_heads, d, dtype, causal, window, softcap, heads):
+    """_launch.ds_heads on sm90's rows: key/value heads per launch of the dS path, 0 for seven products."""
+    b, n, h = shape
+    q = jax.ShapeDtypeStruct((b, n, h, d), dtype)
+    k = jax.ShapeDtypeStruct((b, n, kv_heads, d), dtype)
+    statics = _launch.Statics(d ** -0.5, Band.of(causal, window, n, n), softcap=softcap)
+    assert _launch.ds_heads("sm90", q, k, statics) == heads
+
+
+def test_operands_of_a_group_of_heads():
+    """Operands.heads: query-head fields by the group's query heads, key/value-head fields by its own."""
+    b, h, g = 2, 3, 2
+    slopes = jnp.arange(b * h * g, dtype=jnp.float32).reshape(b, h * g)
+    descale = jnp.arange(b * h, dtype=jnp.float32).reshape(b, h)
+    pos = jnp.ones((b, 3), jnp.int32)
+    part = Operands(slopes=slopes, k_descale=descale, positions=pos).heads(1, 3, g)
+    np.testing.assert_array_equal(part.slopes, slopes[:, 2:6])
+    np.testing.assert_array_equal(part.k_descale, descale[:, 1:3])
+    np.testing.assert_array_equal(part.positions, pos)
+    assert part.seeds is None
 
 
 @pytest.mark.parametrize("case", ["causal-window-alibi", "gqa-causal"])
