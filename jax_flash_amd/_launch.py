@@ -269,30 +269,41 @@ def _dkdv_config(target: str, q, k, statics: Statics, extras: Operands, rows) ->
     return blocks, options
 
 
+def ds_workspace(batch: int, heads: int, sq: int, sk: int, block_n: int) -> tuple[int, int]:
+    """(rows, cols) of the dS path's 16-bit workspace for `heads` query heads, as kernels/bwd.py ds_tiles
+    lays it out: seq_k rounded up to the dK/dV row's block_n per (batch, head), seq_q rounded up to 8."""
+    return batch * heads * _cdiv(sk, block_n) * block_n, _cdiv(sq, 8) * 8
+
+
 def ds_heads(target: str, q, k, statics: Statics, extras: Operands = Operands(), rows=None) -> int:
-    """Key/value heads per launch of the dS path (kernels/bwd.py), 0 for the seven-product path: the most
-    (a divisor of the key/value heads, so every launch compiles the same) whose workspace (ds_tiles:
-    16-bit, seq_k x seq_q per query head, rounded up) stays within configs.DS_WORKSPACE_BYTES, its rows
-    within int32 (TMA coordinates). Only with a dK/dV row marked DS (sm90 TMA rows: the path's H200
+    """Key/value heads per launch of the dS path (kernels/bwd.py), 0 for the seven-product path
+    (_ds_heads, for the dK/dV config the call takes)."""
+    return _ds_heads(q, k, statics, _dkdv_config(target, q, k, statics, extras, rows)[0])
+
+
+def _ds_heads(q, k, statics: Statics, dkdv_blocks: dict) -> int:
+    """The most key/value heads per launch (a divisor of them, so every launch compiles the same) whose
+    workspace (ds_workspace) stays within configs.DS_WORKSPACE_BYTES, its rows within int32 (TMA
+    coordinates); 0 where none does. Only with a dK/dV row marked DS (sm90 TMA rows: the path's H200
     measurements in configs.py), and not for narrow windows (configs.NARROW_WINDOW: the workspace would
     hold whole rows of which the band uses a few blocks; seven products measured fast enough there)."""
-    blocks, _ = _dkdv_config(target, q, k, statics, extras, rows)
-    if (not blocks.get("DS") or not blocks.get("TMA") or blocks["SPLIT"]
+    if (not dkdv_blocks.get("DS") or not dkdv_blocks.get("TMA") or dkdv_blocks["SPLIT"]
             or statics.band.narrow(configs.NARROW_WINDOW)):
         return 0
     b, sq, h, _ = q.shape
     sk, h_kv = k.shape[1], k.shape[2]
-    head_rows = b * (h // h_kv) * _cdiv(sk, blocks["BLOCK_N"]) * blocks["BLOCK_N"]
-    fits = [n for n in range(h_kv, 0, -1) if h_kv % n == 0 and n * head_rows < 2 ** 31
-            and n * head_rows * _cdiv(sq, 8) * 8 * 2 <= configs.DS_WORKSPACE_BYTES]
-    return fits[0] if fits else 0
+    for n in range(h_kv, 0, -1):
+        ws_rows, ws_cols = ds_workspace(b, n * (h // h_kv), sq, sk, dkdv_blocks["BLOCK_N"])
+        if h_kv % n == 0 and ws_rows < 2 ** 31 and ws_rows * ws_cols * 2 <= configs.DS_WORKSPACE_BYTES:
+            return n
+    return 0
 
 
 def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Operands = Operands(), *,
              statics: Statics, rows=None):
     """(dq, dk, dv) for cotangents dout (like out) and dlse (of the natural lse); lse2 as forward returns it."""
     dkdv = _dkdv_config(target, q, k, statics, extras, rows)
-    heads = ds_heads(target, q, k, statics, extras, rows)
+    heads = _ds_heads(q, k, statics, dkdv[0])
     if not heads:
         return _backward_7(run, target, q, k, v, out, lse2, dout, dlse, extras, statics, rows, dkdv)
     h_kv, group = k.shape[2], q.shape[2] // k.shape[2]
@@ -317,13 +328,12 @@ def _backward_ds(run, target, q, k, v, lse2, delta, dout, extras, statics, rows,
     sk = k.shape[1]
     scalars, constexprs = _common(q, k, statics)
     blocks, options = dkdv
-    ds_shape = (b * h * _cdiv(sk, blocks["BLOCK_N"]) * blocks["BLOCK_N"], _cdiv(sq, 8) * 8)  # bwd.ds_tiles
     dk, dv, ds = run(_launch(
         bwd.attn_bwd_dkdv, grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2], 1),
         inputs=dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,
                     Delta=delta, **scalars),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
-                    jax.ShapeDtypeStruct(ds_shape, q.dtype)),
+                    jax.ShapeDtypeStruct(ds_workspace(b, h, sq, sk, blocks["BLOCK_N"]), q.dtype)),
         constexprs={**constexprs, **blocks},
         options=options, extras=extras,
     ))

@@ -138,8 +138,9 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     if path == "ds-by-heads":  # room for one key/value head's workspace: a launch per head
         if c["h_kv"] == 1:
             pytest.skip("one key/value head")
-        one_head = b * (h // c["h_kv"]) * -(-c["sk"] // 32) * 32 * -(-c["sq"] // 8) * 8 * 2
-        monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", one_head)
+        ws_rows, ws_cols = _launch.ds_workspace(b, h // c["h_kv"], c["sq"], c["sk"],
+                                                DS_INTERPRET_ROWS["dkdv"]["BLOCK_N"])
+        monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", ws_rows * ws_cols * 2)
     q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), dtype, seed=7)
     slopes = jnp.asarray([[0.3, 0.1, 0.05, 0.2][:h]] * b, jnp.float32) if c["alibi"] else None
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]), softcap=c["softcap"])
