@@ -3,7 +3,7 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
 
     python -m benchmarks.hopper_rows_sweep [OUT.json [SET,...]]    # sets: d64, window, mask, d128bwd, persistent,
                                                                    # d64persistent, d64long, windowpersistent, windowany,
-                                                                   # tail, ds
+                                                                   # tail, ds, dkdvpersistent, dkdvpersistent2048
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -74,6 +74,10 @@ WINDOW_PERSISTENT = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, PERSISTENT=p) fo
 WINDOW_ANY = dict(WINDOW_PERSISTENT, _limits=dict(PERSISTENT_BANDED_BLOCKS=1 << 30, PERSISTENT_BALANCE=float("inf")))
 # and the longer D 64 calls, tiled and persistent (where the launcher's balance rule would take it)
 D64_TILED = {"fwd": [_row(64, 128, 128, 4, 2, ws=True, PERSISTENT=p) for p in (0, 1)]}
+# the TMA dK/dV rows tiled and persistent (kernels/bwd.py PERSISTENT), whatever the schedule and band
+DKDV_PERSISTENT = {d: {"dkdv": [dict(row, PERSISTENT=p) for p in (0, 1)],
+                       "_limits": dict(PERSISTENT_BANDED_BLOCKS=1 << 30, PERSISTENT_BALANCE=float("inf"))}
+                   for d, row in ((64, configs._SM90_DKDV64_TMA), (128, configs._SM90_DKDV_TMA))}
 # what the mask costs the D 128 TMA forward: the shipped row with every block masked
 MASK_PROBE = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, KEYS_EVEN=False)]}
 
@@ -96,6 +100,10 @@ SETS = {
     "tail": [((1, 2048, 16, 128), True, (-1, -1), PERSISTENT), ((1, 2048, 32, 128), True, (-1, -1), PERSISTENT)],
     "d128bwd": [((b, n, 16, 128), causal, (-1, -1), D128_BWD) for b, n in ((4, 4096), (1, 16384))
                 for causal in (False, True)],
+    "dkdvpersistent": [((16384 // n, n, 2048 // d, d), causal, (-1, -1), DKDV_PERSISTENT[d]) for d in (64, 128)
+                       for n in (1024, 4096, 16384) for causal in (False, True)],
+    "dkdvpersistent2048": [((8, 2048, 2048 // d, d), causal, (-1, -1), DKDV_PERSISTENT[d]) for d in (64, 128)
+                           for causal in (False, True)],
     "ds": [((4, 4096, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)]
           + [((4, 4096, 32, 64), causal, (-1, -1), DS_D64) for causal in (False, True)],
 }

@@ -159,35 +159,44 @@ def compute_units(target: str) -> int:
     return configs.DECODE_SPLITS[target]["cus"]
 
 
-def persistent_programs(blocks: dict, target: str, rows: int, sq: int, sk: int, band: rules.Band) -> int:
+def persistent_programs(blocks: dict, target: str, rows: int, sq: int, sk: int, band: rules.Band,
+                        keys: bool = False) -> int:
     """Programs of a persistent grid for a forward config (kernels/fwd.py PERSISTENT; the config's
-    PERSISTENT: programs per compute unit), or 0 for one program per tile. One descriptor per tensor
+    PERSISTENT: programs per compute unit), or with `keys` for a TMA dK/dV config (kernels/bwd.py, tiles
+    of key blocks), or 0 for one program per tile. One descriptor per tensor
     serves only tiles that never cross a batch element, so only calls of whole query and key blocks.
     Persistent saves each tile's fixed cost (descriptors, pipeline fill), but fixes in advance which
     tiles a program runs (masking.persistent_tile), so it is taken only where that schedule is about as
     balanced as the tiled grid's: the busiest program's work at most configs.PERSISTENT_BALANCE times the
-    tiled grid's finish (_tiled_finish), a tile's work counted as the key blocks its rows see (the band)
-    plus one (causal 1 x 16384 x 16, D 128: 1.5x; H200 3.03 ms against 2.22 tiled). With a band other than
-    a narrow window (configs.NARROW_WINDOW), also only up to configs.PERSISTENT_BANDED_BLOCKS query blocks
-    per row: beyond, persistent measured slower though balanced (causal 1 x 131072 x 16: 150 ms against
-    132), while a window's short key ranges measured faster at every length (configs.py)."""
+    tiled grid's finish (_tiled_finish), a tile's work counted as the blocks of the other side it visits
+    (the band) plus one (causal 1 x 16384 x 16, D 128: 1.5x; H200 3.03 ms against 2.22 tiled). With a band
+    other than a narrow window (configs.NARROW_WINDOW), also only up to configs.PERSISTENT_BANDED_BLOCKS
+    blocks per row: beyond, persistent measured slower though balanced (causal 1 x 131072 x 16: 150 ms
+    against 132), while a window's short key ranges measured faster at every length (configs.py)."""
     block_m, block_n = blocks["BLOCK_M"], blocks["BLOCK_N"]
     if not blocks.get("PERSISTENT") or sq % block_m or sk % block_n:
         return 0
-    n_blocks = sq // block_m
+    n_blocks = (sk // block_n) if keys else (sq // block_m)
     if band.sides and not band.narrow(configs.NARROW_WINDOW) and n_blocks > configs.PERSISTENT_BANDED_BLOCKS:
         return 0
     programs = min(blocks["PERSISTENT"] * compute_units(target), n_blocks * rows)
     lo_off, hi_off = band.offsets(sq, sk)
-    starts = np.arange(n_blocks) * block_m
-    first = np.clip(starts + lo_off, 0, sk) // block_n
-    end = np.clip(np.minimum(starts + block_m, sq) + hi_off, 0, sk)  # keys [first * block_n, end)
-    cost = np.maximum(-(-end // block_n) - first, 0) + 1
+    if keys:  # queries [first * block_m, end) of each key block (masking.query_blocks), heaviest (first) first
+        starts = np.arange(n_blocks) * block_n
+        first = np.clip(starts - hi_off, 0, sq) // block_m
+        end = np.clip(np.minimum(starts + block_n, sk) - lo_off, 0, sq)
+        order = slice(None)
+    else:  # keys [first * block_n, end) of each query block (masking.key_blocks), the last one first
+        starts = np.arange(n_blocks) * block_m
+        first = np.clip(starts + lo_off, 0, sk) // block_n
+        end = np.clip(np.minimum(starts + block_m, sq) + hi_off, 0, sk)
+        order = slice(None, None, -1)
+    cost = (np.maximum(-(-end // (block_m if keys else block_n)) - first, 0) + 1)[order]  # in launch order
     i = np.arange(n_blocks * rows)
     rounds, column = np.divmod(i, programs)
     column = np.where(rounds % 2 == 1, programs - 1 - column, column)  # masking._column's snake
-    work = np.bincount(column, cost[n_blocks - 1 - i % n_blocks], programs)
-    return programs if work.max() <= configs.PERSISTENT_BALANCE * _tiled_finish(cost[::-1], rows, programs) else 0
+    work = np.bincount(column, cost[i % n_blocks], programs)
+    return programs if work.max() <= configs.PERSISTENT_BALANCE * _tiled_finish(cost, rows, programs) else 0
 
 
 def _tiled_finish(row_costs, rows: int, slots: int) -> float:
@@ -269,6 +278,21 @@ def _dkdv_config(target: str, q, k, statics: Statics, extras: Operands, rows) ->
     return blocks, options
 
 
+def _dkdv_grid(blocks: dict, target: str, q, k, statics: Statics) -> tuple[tuple, dict]:
+    """(grid, blocks) of a dK/dV launch: one program per (key block, batch * key/value head[, dV or dK where
+    SPLIT]), or a persistent grid (TMA rows with PERSISTENT, persistent_programs) where it has fewer
+    programs than tiles."""
+    b, sq = q.shape[:2]
+    sk, h_kv = k.shape[1], k.shape[2]
+    tiles = _cdiv(sk, blocks["BLOCK_N"]) * b * h_kv
+    programs = 0
+    if blocks.get("TMA") and not blocks["SPLIT"]:
+        programs = persistent_programs(blocks, target, b * h_kv, sq, sk, statics.band, keys=True)
+    if 0 < programs < tiles:
+        return (programs, 1, 1), dict(blocks, PERSISTENT=True)
+    return (_cdiv(sk, blocks["BLOCK_N"]), b * h_kv, 2 if blocks["SPLIT"] else 1), dict(blocks, PERSISTENT=False)
+
+
 def ds_workspace(batch: int, heads: int, sq: int, sk: int, block_n: int) -> tuple[int, int]:
     """(rows, cols) of the dS path's 16-bit workspace for `heads` query heads, as kernels/bwd.py ds_tiles
     lays it out: seq_k rounded up to the dK/dV row's block_n per (batch, head), seq_q rounded up to 8."""
@@ -328,10 +352,11 @@ def _backward_ds(run, target, q, k, v, lse2, delta, dout, extras, statics, rows,
     sk = k.shape[1]
     scalars, constexprs = _common(q, k, statics)
     blocks, options = dkdv
+    grid, blocks = _dkdv_grid(blocks, target, q, k, statics)
     dk, dv, ds = run(_launch(
-        bwd.attn_bwd_dkdv, grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2], 1),
+        bwd.attn_bwd_dkdv, grid=grid,
         inputs=dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,
-                    Delta=delta, **scalars),
+                    Delta=delta, batch=b, **scalars),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
                     jax.ShapeDtypeStruct(ds_workspace(b, h, sq, sk, blocks["BLOCK_N"]), q.dtype)),
         constexprs={**constexprs, **blocks},
@@ -365,12 +390,12 @@ def _backward_7(run, target, q, k, v, out, lse2, dout, dlse, extras, statics, ro
         constexprs={**constexprs, **blocks},
         options=options, extras=extras,
     ))
-    blocks, options = dkdv
+    grid, blocks = _dkdv_grid(dkdv[0], target, q, k, statics)
+    options = dkdv[1]
     dk, dv, _ = run(_launch(
-        # one program per key/value head; SPLIT: one for dV, one for dK
-        bwd.attn_bwd_dkdv, grid=(_cdiv(sk, blocks["BLOCK_N"]), b * k.shape[2], 2 if blocks["SPLIT"] else 1),
+        bwd.attn_bwd_dkdv, grid=grid,
         inputs=dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,
-                    Delta=delta, **scalars),
+                    Delta=delta, batch=b, **scalars),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
                     jax.ShapeDtypeStruct((1,), q.dtype)),  # dS: the dS path's only
         constexprs={**constexprs, **blocks, "DS": False},

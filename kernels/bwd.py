@@ -13,7 +13,8 @@ still no atomics).
 Dropout (dropout.py) regenerates the forward's keep mask: with Pd = P * keep * keep_scale,
 dV = Pd^T dO and dS = P * (keep * keep_scale * dO V^T - delta).
 Hopper (TMA config rows): dQ reads K and V through TMA descriptors; dK/dV reads every tile through them and
-runs its query blocks in one warp-specialised loop (_dkdv_tma_program).
+runs its query blocks in one warp-specialised loop (_dkdv_tma_program); PERSISTENT rows: one program per SM
+looping over key blocks (which calls: jax_flash_amd/_launch.py _dkdv_grid).
 The dS path (Hopper rows with DS, _launch.backward: where its workspace fits configs.DS_WORKSPACE_BYTES):
 dK/dV also stores each tile's dS^T (16-bit, as dK's product reads it) to a workspace, and attn_bwd_dq_ds
 computes dQ = scale dS K from it: five products per tile, as FlashAttention's atomics give, still without
@@ -23,8 +24,8 @@ import triton
 import triton.language as tl
 
 from .dropout import keep, load_seed
-from .masking import (element_tiles, head_start, key_blocks, load_ids, load_tile, place, query_blocks, span_block,
-                      span_blocks, store_tile, visible)
+from .masking import (element_tiles, head_start, key_blocks, load_ids, load_tile, persistent_rounds, persistent_tile,
+                      place, query_blocks, span_block, span_blocks, store_tile, visible)
 from .scores import scores
 
 
@@ -220,30 +221,64 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
 
 @triton.jit
 def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap, seq_q, seq_k,
-                      lo_off, hi_off, dK, dV, dS, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      lo_off, hi_off, batch, dK, dV, dS, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
                       ALIBI: tl.constexpr, POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-                      QUERIES_EVEN: tl.constexpr, DS: tl.constexpr):
-    """dK and dV of one key block, every tile through TMA descriptors (masking.element_tiles); Lse and
-    Delta through 1-D ones (pointer loads in the loop leave it to run at ~0.8x: H200, D 128)."""
-    start_n = tl.program_id(0) * BLOCK_N
-    bh = tl.program_id(1)  # batch * KV_H
-    b = bh // KV_H
-    h_kv = bh % KV_H
-    STRIDE: tl.constexpr = H * HEAD_DIM
-    STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    k_desc = element_tiles(K, b, seq_k, STRIDE_KV, BLOCK_N, HEAD_DIM)
-    v_desc = element_tiles(V, b, seq_k, STRIDE_KV, BLOCK_N, HEAD_DIM)
-    q_desc = element_tiles(Q, b, seq_q, STRIDE, BLOCK_M, HEAD_DIM)
-    do_desc = element_tiles(dOut, b, seq_q, STRIDE, BLOCK_M, HEAD_DIM)
-    lse_desc = tl.make_tensor_descriptor(Lse, shape=[(b + 1) * H * seq_q], strides=[1], block_shape=[BLOCK_M])
-    delta_desc = tl.make_tensor_descriptor(Delta, shape=[(b + 1) * H * seq_q], strides=[1], block_shape=[BLOCK_M])
+                      QUERIES_EVEN: tl.constexpr, DS: tl.constexpr, PERSISTENT: tl.constexpr):
+    """dK and dV of one key block (PERSISTENT: of the key blocks masking.persistent_tile hands this program),
+    every tile through TMA descriptors (masking.element_tiles); Lse and Delta through 1-D ones (pointer
+    loads in the loop leave it to run at ~0.8x: H200, D 128)."""
+    if PERSISTENT:  # whole blocks only (jax_flash_amd/_launch.py): descriptors over the whole batch
+        descriptors = _dkdv_descriptors(Q, K, V, dOut, Lse, Delta, dS, batch - 1, seq_q, seq_k, H=H, KV_H=KV_H,
+                                        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DS=DS)
+        n_n = tl.cdiv(seq_k, BLOCK_N)
+        for r in range(0, persistent_rounds(n_n * batch * KV_H)):
+            block, bh = persistent_tile(r, n_n, batch * KV_H)
+            # persistent_tile hands out the last block first; here the heaviest (causal) is the first
+            _dkdv_tma_tile((n_n - 1 - block) * BLOCK_N, bh, descriptors, Slopes, QueryRanges, Positions,
+                           sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, dK, dV, H=H, KV_H=KV_H,
+                           HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
+                           ALIBI=ALIBI, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE,
+                           QUERIES_EVEN=QUERIES_EVEN, DS=DS)
+    else:
+        descriptors = _dkdv_descriptors(Q, K, V, dOut, Lse, Delta, dS, tl.program_id(1) // KV_H, seq_q, seq_k,
+                                        H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DS=DS)
+        _dkdv_tma_tile(tl.program_id(0) * BLOCK_N, tl.program_id(1), descriptors, Slopes, QueryRanges, Positions,
+                       sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, dK, dV, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM,
+                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                       POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS)
+
+
+@triton.jit
+def _dkdv_descriptors(Q, K, V, dOut, Lse, Delta, dS, last, seq_q, seq_k, H: tl.constexpr, KV_H: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DS: tl.constexpr):
+    """The TMA dK/dV loop's descriptors (k, v, q, do, lse, delta, ds, ds_rows) of batch elements up to `last`:
+    a program's own element, or the whole batch for a persistent one. ds (ds_tiles) only where DS."""
+    k_desc = element_tiles(K, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
+    v_desc = element_tiles(V, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
+    q_desc = element_tiles(Q, last, seq_q, H * HEAD_DIM, BLOCK_M, HEAD_DIM)
+    do_desc = element_tiles(dOut, last, seq_q, H * HEAD_DIM, BLOCK_M, HEAD_DIM)
+    lse_desc = tl.make_tensor_descriptor(Lse, shape=[(last + 1) * H * seq_q], strides=[1], block_shape=[BLOCK_M])
+    delta_desc = tl.make_tensor_descriptor(Delta, shape=[(last + 1) * H * seq_q], strides=[1], block_shape=[BLOCK_M])
     ds_desc = dS
     ds_rows = 0
     if DS:
-        ds_desc, ds_rows = ds_tiles(dS, b, seq_q, seq_k, H, BLOCK_N, BLOCK_N, BLOCK_M)
+        ds_desc, ds_rows = ds_tiles(dS, last, seq_q, seq_k, H, BLOCK_N, BLOCK_N, BLOCK_M)
+    return k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, ds_desc, ds_rows
+
+
+@triton.jit
+def _dkdv_tma_tile(start_n, bh, descriptors, Slopes, QueryRanges, Positions, sm_scale, softcap, seq_q, seq_k,
+                   lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
+                   ALIBI: tl.constexpr, POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+                   QUERIES_EVEN: tl.constexpr, DS: tl.constexpr):
+    """dK and dV of key block start_n of (batch * KV_H) row bh, tiles through descriptors (_dkdv_descriptors)."""
+    k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, ds_desc, ds_rows = descriptors
+    b = bh // KV_H
+    h_kv = bh % KV_H
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
     k = k_desc.load([b * seq_k + start_n, h_kv * HEAD_DIM])
     v = v_desc.load([b * seq_k + start_n, h_kv * HEAD_DIM])
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
@@ -259,18 +294,18 @@ def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta,
                        SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE,
                        STORE_DS=DS)
     kv_base = head_start(b, h_kv, seq_k, KV_H, HEAD_DIM)
-    store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, False)
-    store_tile(dV + kv_base, dv, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, False)
+    store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, KV_H * HEAD_DIM, seq_k, HEAD_DIM, False)
+    store_tile(dV + kv_base, dv, offs_n, offs_d, KV_H * HEAD_DIM, seq_k, HEAD_DIM, False)
 
 
 @triton.jit
 def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
-                  keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, dS, H: tl.constexpr, KV_H: tl.constexpr,
+                  keep_scale, seq_q, seq_k, lo_off, hi_off, batch, dK, dV, dS, H: tl.constexpr, KV_H: tl.constexpr,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
                   DROP_THRESHOLD: tl.constexpr, SPLIT: tl.constexpr, POSITIONS: tl.constexpr,
                   TMA: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
-                  QUERIES_EVEN: tl.constexpr = False, DS: tl.constexpr = False):
+                  QUERIES_EVEN: tl.constexpr = False, DS: tl.constexpr = False, PERSISTENT: tl.constexpr = False):
     """Arguments as attn_fwd's; QueryRanges (batch, key blocks, 2): the queries that can share a segment
     id with each key block. One program per (key block, batch * KV_H[, dV or dK where SPLIT]).
     TMA (Hopper config rows; which calls take them: jax_flash_amd/_launch.py _takes_tma): tiles through
@@ -283,9 +318,9 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
     # one call per case
     if USE_TMA:
         _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap, seq_q,
-                          seq_k, lo_off, hi_off, dK, dV, dS, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
+                          seq_k, lo_off, hi_off, batch, dK, dV, dS, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
                           BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS,
-                          WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS)
+                          WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS, PERSISTENT=PERSISTENT)
     elif not SPLIT:
         _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
                       keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=True, H=H, KV_H=KV_H,

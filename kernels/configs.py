@@ -209,7 +209,16 @@ _SM90_DQ_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=64, BLOCK_N=64, num
 # No dS path at D 64: the store spills there (sm90 ptxas: 56-112 bytes at 168 registers) and the backward / cuDNN
 # fell from 0.90 / 0.90 / 0.90 to 0.87 / 0.79 / 0.80 (N 1024 / 4096 / 16384; causal 0.86 / 0.81 / 0.77 to 0.80 /
 # 0.68 / 0.69): half the products per byte of dS.
-_SM90_DKDV64_TMA = dict(_SM90_DKDV_TMA, max_block_d=64, min_block_d=64, BLOCK_M=128, DS=False)
+# PERSISTENT=1 (kernels/bwd.py: one program per SM looping over key blocks, heaviest first, where
+# _launch.py persistent_programs finds the schedule balanced): whole backward ms, H200, bf16, 32 heads, tiled /
+# persistent (benchmarks/hopper_rows_sweep.py dkdvpersistent, dkdvpersistent2048): 16 x 1024 1.178 / 1.050,
+# causal 0.953 / 0.733; 8 x 2048 2.057 / 1.887, causal 1.433 / 1.272; 4 x 4096 3.785 / 3.649, causal 2.422 /
+# 2.275; 1 x 16384 14.19 / 13.97, causal 8.36 / 8.37 (128 key blocks: tiled). It saves each tile's fixed cost (K
+# and V loads, the pipeline's fill, dK and dV's stores: 12 warps and 168 registers leave one program per SM,
+# so nothing overlaps them). Not the D 128 dS row: persistent, it returned NaN on the H200 (tests/test_sm90.py,
+# 2 x 512 x 4, 5 and 13 programs; Triton 3.6) though it matched the tiled row in the sweep (N 1024: 0.882 /
+# 0.917 ms, causal 0.613 / 0.680; N 4096 2.99 / 2.92 with 80-112 bytes of spills).
+_SM90_DKDV64_TMA = dict(_SM90_DKDV_TMA, max_block_d=64, min_block_d=64, BLOCK_M=128, DS=False, PERSISTENT=1)
 _SM90_DQ64_TMA = dict(_SM90_DQ_TMA, max_block_d=64, min_block_d=64, num_stages=3)
 
 

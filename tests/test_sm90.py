@@ -405,6 +405,24 @@ def test_persistent_forward_equals_one_program_per_tile(case, path, monkeypatch)
     assert grids[-1] == (c["sq"] // row["BLOCK_M"], b * h)
 
 
+def _persistent_case(d, causal, variant, seed):
+    """A GPU persistent test's call, 2 x 512 x 4 heads, bf16: ((q, k, v, dout, dlse), ALiBi slopes, statics,
+    float64 reference, XLA's result). gqa-alibi: 2 key/value heads and slopes; window: a band bounded on
+    both sides ((100, 0) with causal, as the "+window" rows take it). Skips off Hopper."""
+    if _triton.target() != "sm90":
+        pytest.skip("needs a Hopper GPU")
+    b, h, seq = 2, 4, 512
+    h_kv = 2 if variant == "gqa-alibi" else h
+    args = inputs((b, seq, h, d), (b, seq, h_kv, d), jnp.bfloat16, seed=d + seed)
+    slopes = (jax.random.uniform(jax.random.key(seed), (b, h), jnp.float32, 0.01, 0.5) if variant == "gqa-alibi"
+              else None)
+    window = ((100, 0) if causal else (37, 5)) if variant == "window" else (-1, -1)
+    statics = _launch.Statics(d ** -0.5, Band.of(causal, window, seq, seq))
+    ref = oracle.attention(*args, causal=causal, alibi=slopes, window=window)
+    base = run_impl("xla", *args, causal=causal, alibi_slopes=slopes, window_size=window)
+    return args, slopes, statics, ref, base
+
+
 # every sm90 forward row, persistent (kernels/fwd.py PERSISTENT: the shipped persistent rows and the TMA rows
 # made persistent), and the D 64 pointer row made persistent (two programs per SM)
 PERSISTENT_ROWS = [dict(r, PERSISTENT=r.get("PERSISTENT") or 1) for k, r in ROWS if k == "fwd"]
@@ -419,20 +437,8 @@ PERSISTENT_ROWS += [dict(r, PERSISTENT=2) for r in configs.TARGETS["sm90"]["fwd"
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_every_sm90_forward_row_persistent(row, causal, variant, monkeypatch):
     """Whole blocks over 5 programs, so each loops over several tiles (warp-specialised key loops inside
-    the tile loop), against float64; then over as many programs as the GPU has units. window: a band
-    bounded on both sides ((100, 0) with causal, as the "+window" rows take it)."""
-    if _triton.target() != "sm90":
-        pytest.skip("needs a Hopper GPU")
-    d = row["max_block_d"]
-    b, h, seq = 2, 4, 512
-    h_kv = 2 if variant == "gqa-alibi" else h
-    q, k, v, dout, dlse = inputs((b, seq, h, d), (b, seq, h_kv, d), jnp.bfloat16, seed=d + 5)
-    slopes = (jax.random.uniform(jax.random.key(2), (b, h), jnp.float32, 0.01, 0.5) if variant == "gqa-alibi"
-              else None)
-    window = ((100, 0) if causal else (37, 5)) if variant == "window" else (-1, -1)
-    statics = _launch.Statics(d ** -0.5, Band.of(causal, window, seq, seq))
-    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, alibi=slopes, window=window)
-    base = run_impl("xla", q, k, v, dout, dlse, causal=causal, alibi_slopes=slopes, window_size=window)
+    the tile loop), against float64; then over as many programs as the GPU has units (_persistent_case)."""
+    (q, k, v, _, _), slopes, statics, ref, base = _persistent_case(row["max_block_d"], causal, variant, seed=5)
     monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))  # persistent whatever the schedule
     for units in (lambda target: 5, _launch.compute_units):
         monkeypatch.setattr(_launch, "compute_units", units)
@@ -440,3 +446,111 @@ def test_every_sm90_forward_row_persistent(row, causal, variant, monkeypatch):
                                                                rows={"fwd": row}))(q, k, v, Operands(slopes=slopes))
         assert np.isfinite(np.asarray(out, np.float32)).all()
         assert_close(dict(out=out, lse=lse2 * np.log(2)), ref, base, jnp.bfloat16, names=("out", "lse"))
+
+
+# ----- the persistent dK/dV (kernels/bwd.py PERSISTENT): key blocks handed out by masking.persistent_tile -----
+
+@pytest.mark.parametrize("shape, d, causal, window, persistent", [
+    ((16, 1024, 32), 64, False, None, True), ((16, 1024, 32), 64, True, None, True),
+    ((4, 4096, 32), 64, False, None, True), ((4, 4096, 32), 64, True, None, True),
+    ((1, 16384, 32), 64, False, None, True), ((1, 16384, 32), 64, True, None, False),
+    ((2, 8192, 32), 64, True, None, False), ((2, 1000, 32), 64, False, None, False),
+    ((1, 512, 32), 64, False, None, False), ((16, 1024, 16), 128, False, None, False),
+    ((16, 1024, 16), 128, True, None, False), ((16, 1024, 16), 64, True, (300, 0), False)])
+def test_which_backwards_run_dkdv_persistent(shape, d, causal, window, persistent, monkeypatch):
+    """sm90's D 64 TMA dK/dV row runs persistent (132 programs) where persistent_programs finds the schedule
+    balanced: whole blocks (not N 1000), causal only up to 32 key blocks (not N 8192 or 16384), more tiles
+    than programs (not 1 x 512 x 32: 128 tiles). Not the D 128 row (persistent, its dS store returned NaN on
+    the H200: configs.py), nor the "+window" rows narrow windows take."""
+    monkeypatch.setattr(_launch, "compute_units", lambda target: 132)
+    b, n, h = shape
+    q = kv = jax.ShapeDtypeStruct((b, n, h, d), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((b, h, n), jnp.float32)
+    grids = []
+
+    def run(launch):
+        if launch.kernel.__name__ == "attn_bwd_dkdv":
+            grids.append((launch.grid, launch.constexprs["PERSISTENT"]))
+        return launch.out_shapes
+
+    statics = _launch.Statics(0.1, Band.of(causal, window or (-1, -1), n, n))
+    jax.eval_shape(lambda q, k, lse: _launch.backward(run, "sm90", q, k, k, q, lse, q, lse, statics=statics),
+                   q, kv, lse)
+    assert [p for _, p in grids] == [persistent]
+    assert (grids[0][0] == (132, 1, 1)) == persistent
+
+
+@pytest.mark.parametrize("case", [c for c in PERSISTENT_CASES if c != "softcap"])  # softcap: dK/dV's pointer row
+@pytest.mark.parametrize("path", ["seven", "ds"])
+@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
+def test_persistent_dkdv_equals_one_program_per_tile(case, path, monkeypatch):
+    """Whole blocks: the persistent TMA dK/dV kernel (1, 3 and 5 programs over 6-12 key-block tiles) gives
+    the tiled kernel's gradients exactly, on the seven-product path and on the dS path (whose dQ reads what
+    dK/dV wrote)."""
+    from jax_flash_amd import _interpret
+    _interpret.check_available()
+    c = {**dict(causal=False, window=(-1, -1), softcap=0.0, alibi=False, h_kv=2), **PERSISTENT_CASES[case]}
+    b, h, d = 3, 2, 32
+    q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), jnp.float16, seed=13)
+    extras = Operands(slopes=jnp.asarray([[0.3, 0.1]] * b, jnp.float32) if c["alibi"] else None)
+    statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]))
+    rows = TMA_INTERPRET_ROWS if path == "seven" else DS_INTERPRET_ROWS
+    monkeypatch.setattr(configs, "NARROW_WINDOW", 0)  # the window case takes the dS path too
+    grids = []
+
+    def run(launch):
+        if launch.kernel.__name__ == "attn_bwd_dkdv":
+            grids.append(launch.grid)
+        return _interpret.run(launch)
+
+    out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, rows=rows)
+
+    def backward(persistent):
+        return _launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics,
+                                rows={**rows, "dkdv": dict(rows["dkdv"], PERSISTENT=persistent)})
+
+    want = backward(0)
+    # any schedule: the test is of the kernel (the choice: test_which_backwards_run_dkdv_persistent)
+    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))
+    for programs in (1, 3, 5):
+        monkeypatch.setattr(_launch, "compute_units", lambda target: programs)
+        got = backward(1)
+        assert grids[-1] == (programs, 1, 1)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+# the rows that ship persistent (the D 128 dS row returned NaN persistent: configs.py)
+@pytest.mark.parametrize("row", [r for kernel, r in ROWS if kernel == "dkdv" and r.get("PERSISTENT")],
+                         ids=lambda r: _id(("dkdv", r)))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("variant", ["plain", "gqa-alibi", "window"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_every_sm90_dkdv_row_persistent(row, causal, variant, monkeypatch):
+    """Every persistent sm90 TMA dK/dV row, over 5 and 13 programs (each loops over several key blocks,
+    a warp-specialised query loop inside the tile loop; DS rows store dS^T from inside both), against
+    float64."""
+    args, slopes, statics, ref, base = _persistent_case(row["max_block_d"], causal, variant, seed=9)
+    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))  # persistent whatever the schedule
+    monkeypatch.setattr(configs, "NARROW_WINDOW", 0)  # DS rows: the window takes the dS path too
+    rows = {"dkdv": row}
+    for programs in (5, 13):  # 16 or 32 key-block tiles: uneven last rounds
+        monkeypatch.setattr(_launch, "compute_units", lambda target: programs)
+        grids = []
+
+        def run(launch):
+            if launch.kernel.__name__ == "attn_bwd_dkdv":
+                grids.append(launch.grid)
+            return _triton.run(launch)
+
+        def fwd_bwd(q, k, v, dout, dlse, e):
+            out, lse2 = _launch.forward(run, "sm90", q, k, v, e, statics=statics)
+            grads = _launch.backward(run, "sm90", q, k, v, out, lse2, dout, dlse, e, statics=statics, rows=rows)
+            return dict(out=out, lse=lse2 * np.log(2), **dict(zip(("dq", "dk", "dv"), grads)))
+
+        got = jax.jit(fwd_bwd)(*args, Operands(slopes=slopes))
+        assert grids and all(g == (programs, 1, 1) for g in grids), grids  # persistent
+        for name, x in got.items():
+            assert np.isfinite(np.asarray(x, np.float32)[np.isfinite(ref[name])]).all(), name
+        assert_close(got, ref, base, jnp.bfloat16)
