@@ -3,7 +3,8 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
 
     python -m benchmarks.hopper_rows_sweep [OUT.json [SET,...]]    # sets: d64, window, mask, d128bwd, persistent,
                                                                    # d64persistent, d64long, windowpersistent, windowany,
-                                                                   # tail, ds, dkdvpersistent, dkdvpersistent2048
+                                                                   # tail, ds, dkdvpersistent, dkdvpersistent2048,
+                                                                   # d128seven
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -78,6 +79,10 @@ D64_TILED = {"fwd": [_row(64, 128, 128, 4, 2, ws=True, PERSISTENT=p) for p in (0
 DKDV_PERSISTENT = {d: {"dkdv": [dict(row, PERSISTENT=p) for p in (0, 1)],
                        "_limits": dict(PERSISTENT_BANDED_BLOCKS=1 << 30, PERSISTENT_BALANCE=float("inf"))}
                    for d, row in ((64, configs._SM90_DKDV64_TMA), (128, configs._SM90_DKDV_TMA))}
+# the D 128 dK/dV row on seven products (no dS store: made persistent, the dS row returned NaN on the H200),
+# tiled and persistent: for the window's short loops ("dkdv+window" takes it), and causal N 1024
+D128_SEVEN_PERSISTENT = {"dkdv": [dict(configs._SM90_DKDV_TMA, DS=False, PERSISTENT=p) for p in (0, 1)],
+                         "_limits": dict(PERSISTENT_BALANCE=float("inf"), DS_WORKSPACE_BYTES=0)}
 # what the mask costs the D 128 TMA forward: the shipped row with every block masked
 MASK_PROBE = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, KEYS_EVEN=False)]}
 
@@ -104,6 +109,8 @@ SETS = {
                        for n in (1024, 4096, 16384) for causal in (False, True)],
     "dkdvpersistent2048": [((8, 2048, 2048 // d, d), causal, (-1, -1), DKDV_PERSISTENT[d]) for d in (64, 128)
                            for causal in (False, True)],
+    "d128seven": [((b, 16384 // b, 16, 128), True, (1024, 0), D128_SEVEN_PERSISTENT) for b in (1, 4)]
+                 + [((16, 1024, 16, 128), causal, (-1, -1), D128_SEVEN_PERSISTENT) for causal in (False, True)],
     "ds": [((4, 4096, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)]
           + [((4, 4096, 32, 64), causal, (-1, -1), DS_D64) for causal in (False, True)],
 }
