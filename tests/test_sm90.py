@@ -480,7 +480,13 @@ def test_which_backwards_run_dkdv_persistent(shape, d, causal, window, persisten
     assert (grids[0][0] == (132, 1, 1)) == persistent
 
 
-@pytest.mark.parametrize("case", [c for c in PERSISTENT_CASES if c != "softcap"])  # softcap: dK/dV's pointer row
+# softcap takes dK/dV's pointer row; "ring": a block of a larger causal call (Operands.positions, as in
+# test_tma_path_as_a_block_of_a_larger_call)
+DKDV_PERSISTENT_CASES = {**{c: v for c, v in PERSISTENT_CASES.items() if c != "softcap"},
+                         "ring": dict(sq=32, sk=64, causal=True, positions=True)}
+
+
+@pytest.mark.parametrize("case", list(DKDV_PERSISTENT_CASES))
 @pytest.mark.parametrize("path", ["seven", "ds"])
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
 def test_persistent_dkdv_equals_one_program_per_tile(case, path, monkeypatch):
@@ -489,11 +495,15 @@ def test_persistent_dkdv_equals_one_program_per_tile(case, path, monkeypatch):
     dK/dV wrote)."""
     from jax_flash_amd import _interpret
     _interpret.check_available()
-    c = {**dict(causal=False, window=(-1, -1), softcap=0.0, alibi=False, h_kv=2), **PERSISTENT_CASES[case]}
+    c = {**dict(causal=False, window=(-1, -1), alibi=False, h_kv=2, positions=False), **DKDV_PERSISTENT_CASES[case]}
     b, h, d = 3, 2, 32
     q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), jnp.float16, seed=13)
-    extras = Operands(slopes=jnp.asarray([[0.3, 0.1]] * b, jnp.float32) if c["alibi"] else None)
-    statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]))
+    extras = Operands(slopes=jnp.asarray([[0.3, 0.1]] * b, jnp.float32) if c["alibi"] else None,
+                      positions=jnp.asarray([[32, 16, 16], [0, 0, 16], [48, 32, 16]], jnp.int32) if c["positions"]
+                      else None)
+    # with positions, the band is the larger call's (80 queries, 96 keys)
+    shape = (80, 96) if c["positions"] else (c["sq"], c["sk"])
+    statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], *shape))
     rows = TMA_INTERPRET_ROWS if path == "seven" else DS_INTERPRET_ROWS
     monkeypatch.setattr(configs, "NARROW_WINDOW", 0)  # the window case takes the dS path too
     grids = []
