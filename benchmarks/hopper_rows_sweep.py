@@ -75,10 +75,11 @@ WINDOW_PERSISTENT = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, PERSISTENT=p) fo
 WINDOW_ANY = dict(WINDOW_PERSISTENT, _limits=dict(PERSISTENT_BANDED_BLOCKS=1 << 30, PERSISTENT_BALANCE=float("inf")))
 # and the longer D 64 calls, tiled and persistent (where the launcher's balance rule would take it)
 D64_TILED = {"fwd": [_row(64, 128, 128, 4, 2, ws=True, PERSISTENT=p) for p in (0, 1)]}
-# the TMA dK/dV rows tiled and persistent (kernels/bwd.py PERSISTENT), whatever the schedule and band
-DKDV_PERSISTENT = {d: {"dkdv": [dict(row, PERSISTENT=p) for p in (0, 1)],
-                       "_limits": dict(PERSISTENT_BANDED_BLOCKS=1 << 30, PERSISTENT_BALANCE=float("inf"))}
-                   for d, row in ((64, configs._SM90_DKDV64_TMA), (128, configs._SM90_DKDV_TMA))}
+# the D 64 TMA dK/dV row tiled and persistent (kernels/bwd.py PERSISTENT), whatever the schedule and band (the D 128
+# dS row ran in these sets too, persistent, before _launch._dkdv_grid kept the dS path tiled:
+# benchmarks/results/h200_dkdv_persistent_sweep.json)
+DKDV_PERSISTENT = {"dkdv": [dict(configs._SM90_DKDV64_TMA, PERSISTENT=p) for p in (0, 1)],
+                   "_limits": dict(PERSISTENT_BANDED_BLOCKS=1 << 30, PERSISTENT_BALANCE=float("inf"))}
 # the D 128 dK/dV row on seven products (no dS store: made persistent, the dS row returned NaN on the H200),
 # tiled and persistent: for the window's short loops ("dkdv+window" takes it), and causal N 1024
 D128_SEVEN_PERSISTENT = {"dkdv": [dict(configs._SM90_DKDV_TMA, DS=False, PERSISTENT=p) for p in (0, 1)],
@@ -105,10 +106,9 @@ SETS = {
     "tail": [((1, 2048, 16, 128), True, (-1, -1), PERSISTENT), ((1, 2048, 32, 128), True, (-1, -1), PERSISTENT)],
     "d128bwd": [((b, n, 16, 128), causal, (-1, -1), D128_BWD) for b, n in ((4, 4096), (1, 16384))
                 for causal in (False, True)],
-    "dkdvpersistent": [((16384 // n, n, 2048 // d, d), causal, (-1, -1), DKDV_PERSISTENT[d]) for d in (64, 128)
-                       for n in (1024, 4096, 16384) for causal in (False, True)],
-    "dkdvpersistent2048": [((8, 2048, 2048 // d, d), causal, (-1, -1), DKDV_PERSISTENT[d]) for d in (64, 128)
-                           for causal in (False, True)],
+    "dkdvpersistent": [((16384 // n, n, 32, 64), causal, (-1, -1), DKDV_PERSISTENT) for n in (1024, 4096, 16384)
+                       for causal in (False, True)],
+    "dkdvpersistent2048": [((8, 2048, 32, 64), causal, (-1, -1), DKDV_PERSISTENT) for causal in (False, True)],
     "d128seven": [((b, 16384 // b, 16, 128), True, (1024, 0), D128_SEVEN_PERSISTENT) for b in (1, 4)]
                  + [((16, 1024, 16, 128), causal, (-1, -1), D128_SEVEN_PERSISTENT) for causal in (False, True)],
     "ds": [((4, 4096, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)]

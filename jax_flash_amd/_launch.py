@@ -278,15 +278,16 @@ def _dkdv_config(target: str, q, k, statics: Statics, extras: Operands, rows) ->
     return blocks, options
 
 
-def _dkdv_grid(blocks: dict, target: str, q, k, statics: Statics) -> tuple[tuple, dict]:
+def _dkdv_grid(blocks: dict, target: str, q, k, statics: Statics, ds: bool = False) -> tuple[tuple, dict]:
     """(grid, blocks) of a dK/dV launch: one program per (key block, batch * key/value head[, dV or dK where
     SPLIT]), or a persistent grid (TMA rows with PERSISTENT, persistent_programs) where it has fewer
-    programs than tiles."""
+    programs than tiles, but not while it stores dS (ds: the dS path; persistent, that returned NaN on the
+    H200 with Triton 3.6, kernels/configs.py)."""
     b, sq = q.shape[:2]
     sk, h_kv = k.shape[1], k.shape[2]
     tiles = _cdiv(sk, blocks["BLOCK_N"]) * b * h_kv
     programs = 0
-    if blocks.get("TMA") and not blocks["SPLIT"]:
+    if blocks.get("TMA") and not blocks["SPLIT"] and not ds:
         programs = persistent_programs(blocks, target, b * h_kv, sq, sk, statics.band, keys=True)
     if 0 < programs < tiles:
         return (programs, 1, 1), dict(blocks, PERSISTENT=True)
@@ -352,7 +353,7 @@ def _backward_ds(run, target, q, k, v, lse2, delta, dout, extras, statics, rows,
     sk = k.shape[1]
     scalars, constexprs = _common(q, k, statics)
     blocks, options = dkdv
-    grid, blocks = _dkdv_grid(blocks, target, q, k, statics)
+    grid, blocks = _dkdv_grid(blocks, target, q, k, statics, ds=True)
     dk, dv, ds = run(_launch(
         bwd.attn_bwd_dkdv, grid=grid,
         inputs=dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,

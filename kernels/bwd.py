@@ -307,7 +307,9 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                   TMA: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
                   QUERIES_EVEN: tl.constexpr = False, DS: tl.constexpr = False, PERSISTENT: tl.constexpr = False):
     """Arguments as attn_fwd's; QueryRanges (batch, key blocks, 2): the queries that can share a segment
-    id with each key block. One program per (key block, batch * KV_H[, dV or dK where SPLIT]).
+    id with each key block. One program per (key block, batch * KV_H[, dV or dK where SPLIT]), or with
+    PERSISTENT (TMA rows, whole blocks: jax_flash_amd/_launch.py _dkdv_grid) a grid of (programs, 1, 1), each
+    looping over key blocks of the batch's `batch` elements.
     TMA (Hopper config rows; which calls take them: jax_flash_amd/_launch.py _takes_tma): tiles through
     TMA descriptors, WARP_SPECIALIZE splitting the query loop into producer and consumer warps;
     QUERIES_EVEN says every query and key block is whole (the loop then runs unmasked without a band).

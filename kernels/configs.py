@@ -11,8 +11,9 @@ only heads at least that wide (narrower ones go on to the next row), one with ``
 forward) calls bounded by a band (causal, window) only up to that many queries and keys, one with
 ``persistent_only`` only the calls it runs persistent with more tiles than programs (jax_flash_amd/_launch.py
 forward). Upper-case keys are the
-kernel's constexprs (BLOCK_*; dK/dV's SPLIT, default False: dK and dV from separate programs; the forward's
-PERSISTENT, programs per compute unit of a persistent grid, jax_flash_amd/_launch.py persistent_programs; dK/dV's
+kernel's constexprs (BLOCK_*; dK/dV's SPLIT, default False: dK and dV from separate programs; PERSISTENT (the
+forward's, the TMA dK/dV's), programs per compute unit of a persistent grid, jax_flash_amd/_launch.py
+persistent_programs; dK/dV's
 DS, the dS path, jax_flash_amd/_launch.py ds_heads), other
 lower-case ones compiler options (num_warps, num_stages; on HIP also waves_per_eu and matrix_instr_nonkdim, which need
 a jax-triton that forwards them).
@@ -217,7 +218,8 @@ _SM90_DQ_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=64, BLOCK_N=64, num
 # and V loads, the pipeline's fill, dK and dV's stores: 12 warps and 168 registers leave one program per SM,
 # so nothing overlaps them). Not the D 128 dS row: persistent, it returned NaN on the H200 (tests/test_sm90.py,
 # 2 x 512 x 4, 5 and 13 programs; Triton 3.6) though it matched the tiled row in the sweep (N 1024: 0.882 /
-# 0.917 ms, causal 0.613 / 0.680; N 4096 2.99 / 2.92 with 80-112 bytes of spills).
+# 0.917 ms, causal 0.613 / 0.680; N 4096 2.99 / 2.92 with 80-112 bytes of spills), so _launch._dkdv_grid runs
+# the dS path tiled whatever the row says.
 _SM90_DKDV64_TMA = dict(_SM90_DKDV_TMA, max_block_d=64, min_block_d=64, BLOCK_M=128, DS=False, PERSISTENT=1)
 _SM90_DQ64_TMA = dict(_SM90_DQ_TMA, max_block_d=64, min_block_d=64, num_stages=3)
 

@@ -61,10 +61,10 @@ def _column(r, p, n):
 
 @triton.jit
 def persistent_tile(r, n_blocks, rows):
-    """(query block, row) of this program's round r of a persistent grid over n_blocks query blocks of
-    `rows` (batch * heads) rows: round r hands out tiles r * programs .. in a snake (_column), one row's
-    blocks after another (so programs at work at once share a row's K and V in L2), heaviest (causal:
-    last) block first."""
+    """(block, row) of this program's round r of a persistent grid over n_blocks blocks of `rows` (batch *
+    heads) rows: round r hands out tiles r * programs .. in a snake (_column), one row's blocks after
+    another (so programs at work at once share a row's K and V in L2), the last block first (the forward's
+    query blocks: causal, the heaviest; the dK/dV kernel counts its key blocks from the other end)."""
     i = r * tl.num_programs(0) + _column(r, tl.program_id(0), tl.num_programs(0))
     return n_blocks - 1 - i % n_blocks, i // n_blocks
 
