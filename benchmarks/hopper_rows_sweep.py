@@ -76,7 +76,7 @@ WINDOW_ANY = dict(WINDOW_PERSISTENT, _limits=dict(PERSISTENT_BANDED_BLOCKS=1 << 
 # and the longer D 64 calls, tiled and persistent (where the launcher's balance rule would take it)
 D64_TILED = {"fwd": [_row(64, 128, 128, 4, 2, ws=True, PERSISTENT=p) for p in (0, 1)]}
 # the D 64 TMA dK/dV row tiled and persistent (kernels/bwd.py PERSISTENT), whatever the schedule and band (the D 128
-# dS row ran in these sets too, persistent, before _launch._dkdv_grid kept the dS path tiled:
+# dS row ran in these sets too, persistent, before _launch._dkdv kept the dS path tiled:
 # benchmarks/results/h200_dkdv_persistent_sweep.json)
 DKDV_PERSISTENT = {"dkdv": [dict(configs._SM90_DKDV64_TMA, PERSISTENT=p) for p in (0, 1)],
                    "_limits": dict(PERSISTENT_BANDED_BLOCKS=1 << 30, PERSISTENT_BALANCE=float("inf"))}

@@ -278,20 +278,32 @@ def _dkdv_config(target: str, q, k, statics: Statics, extras: Operands, rows) ->
     return blocks, options
 
 
-def _dkdv_grid(blocks: dict, target: str, q, k, statics: Statics, ds: bool = False) -> tuple[tuple, dict]:
-    """(grid, blocks) of a dK/dV launch: one program per (key block, batch * key/value head[, dV or dK where
-    SPLIT]), or a persistent grid (TMA rows with PERSISTENT, persistent_programs) where it has fewer
-    programs than tiles, but not while it stores dS (ds: the dS path; persistent, that returned NaN on the
-    H200 with Triton 3.6, kernels/configs.py)."""
-    b, sq = q.shape[:2]
+def _dkdv(run: Run, target: str, q, k, v, dout, lse2, delta, extras: Operands, statics: Statics, dkdv,
+          ds: bool = False):
+    """(dk, dv, dS workspace) of the dK/dV kernel with config dkdv (_dkdv_config), ds: on the dS path (it
+    stores dS^T, ds_workspace; else a placeholder). One program per (key block, batch * key/value head[, dV
+    or dK where SPLIT]), or a persistent grid (TMA rows with PERSISTENT, persistent_programs) where it has
+    fewer programs than tiles, but not while it stores dS (persistent, that returned NaN on the H200 with
+    Triton 3.6, kernels/configs.py)."""
+    b, sq, h, _ = q.shape
     sk, h_kv = k.shape[1], k.shape[2]
-    tiles = _cdiv(sk, blocks["BLOCK_N"]) * b * h_kv
+    blocks, options = dkdv
+    n_blocks = _cdiv(sk, blocks["BLOCK_N"])
     programs = 0
     if blocks.get("TMA") and not blocks["SPLIT"] and not ds:
         programs = persistent_programs(blocks, target, b * h_kv, sq, sk, statics.band, keys=True)
-    if 0 < programs < tiles:
-        return (programs, 1, 1), dict(blocks, PERSISTENT=True)
-    return (_cdiv(sk, blocks["BLOCK_N"]), b * h_kv, 2 if blocks["SPLIT"] else 1), dict(blocks, PERSISTENT=False)
+    persistent = 0 < programs < n_blocks * b * h_kv
+    grid = (programs, 1, 1) if persistent else (n_blocks, b * h_kv, 2 if blocks["SPLIT"] else 1)
+    scalars, constexprs = _common(q, k, statics)
+    return run(_launch(
+        bwd.attn_bwd_dkdv, grid=grid,
+        inputs=dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,
+                    Delta=delta, batch=b, **scalars),
+        out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+                    jax.ShapeDtypeStruct(ds_workspace(b, h, sq, sk, blocks["BLOCK_N"]) if ds else (1,), q.dtype)),
+        constexprs={**constexprs, **blocks, "DS": ds, "PERSISTENT": persistent},
+        options=options, extras=extras,
+    ))
 
 
 def ds_workspace(batch: int, heads: int, sq: int, sk: int, block_n: int) -> tuple[int, int]:
@@ -350,25 +362,14 @@ def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Oper
 def _backward_ds(run, target, q, k, v, lse2, delta, dout, extras, statics, rows, dkdv):
     """The dS path (kernels/bwd.py): dK/dV also writes dS^T, attn_bwd_dq_ds reads it for dQ."""
     b, sq, h, d = q.shape
-    sk = k.shape[1]
     scalars, constexprs = _common(q, k, statics)
-    blocks, options = dkdv
-    grid, blocks = _dkdv_grid(blocks, target, q, k, statics, ds=True)
-    dk, dv, ds = run(_launch(
-        bwd.attn_bwd_dkdv, grid=grid,
-        inputs=dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,
-                    Delta=delta, batch=b, **scalars),
-        out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
-                    jax.ShapeDtypeStruct(ds_workspace(b, h, sq, sk, blocks["BLOCK_N"]), q.dtype)),
-        constexprs={**constexprs, **blocks},
-        options=options, extras=extras,
-    ))
+    dk, dv, ds = _dkdv(run, target, q, k, v, dout, lse2, delta, extras, statics, dkdv, ds=True)
     dq_blocks, dq_options = pick_config(target, "dqds", d, q.dtype, rows)
     (dq,) = run(_launch(
         bwd.attn_bwd_dq_ds, grid=(_cdiv(sq, dq_blocks["BLOCK_M"]), b * h),
         inputs=dict(K=k, dS=ds, **{n: scalars[n] for n in ("sm_scale", "seq_q", "seq_k", "lo_off", "hi_off")}),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
-        constexprs=dict(H=h, KV_H=k.shape[2], HEAD_DIM=d, BANDED=constexprs["BANDED"], DS_BLOCK_N=blocks["BLOCK_N"],
+        constexprs=dict(H=h, KV_H=k.shape[2], HEAD_DIM=d, BANDED=constexprs["BANDED"], DS_BLOCK_N=dkdv[0]["BLOCK_N"],
                         **dq_blocks),
         options=dq_options, extras=extras,
     ))
@@ -378,7 +379,6 @@ def _backward_ds(run, target, q, k, v, lse2, delta, dout, extras, statics, rows,
 def _backward_7(run, target, q, k, v, out, lse2, dout, dlse, extras, statics, rows, dkdv):
     """Seven products per tile: dQ (which also writes delta), then dK/dV."""
     b, sq, h, d = q.shape
-    sk = k.shape[1]
     scalars, constexprs = _common(q, k, statics)
     # dQ first: it writes delta (b, h, seq_q), which the dK/dV kernel reads
     blocks, options = pick_config(target, "dq", d, q.dtype, rows, _kind(q, k, statics),
@@ -391,15 +391,5 @@ def _backward_7(run, target, q, k, v, out, lse2, dout, dlse, extras, statics, ro
         constexprs={**constexprs, **blocks},
         options=options, extras=extras,
     ))
-    grid, blocks = _dkdv_grid(dkdv[0], target, q, k, statics)
-    options = dkdv[1]
-    dk, dv, _ = run(_launch(
-        bwd.attn_bwd_dkdv, grid=grid,
-        inputs=dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,
-                    Delta=delta, batch=b, **scalars),
-        out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
-                    jax.ShapeDtypeStruct((1,), q.dtype)),  # dS: the dS path's only
-        constexprs={**constexprs, **blocks, "DS": False},
-        options=options, extras=extras,
-    ))
+    dk, dv, _ = _dkdv(run, target, q, k, v, dout, lse2, delta, extras, statics, dkdv)
     return dq, dk, dv

@@ -14,7 +14,7 @@ Dropout (dropout.py) regenerates the forward's keep mask: with Pd = P * keep * k
 dV = Pd^T dO and dS = P * (keep * keep_scale * dO V^T - delta).
 Hopper (TMA config rows): dQ reads K and V through TMA descriptors; dK/dV reads every tile through them and
 runs its query blocks in one warp-specialised loop (_dkdv_tma_program); PERSISTENT rows: one program per SM
-looping over key blocks (which calls: jax_flash_amd/_launch.py _dkdv_grid).
+looping over key blocks (which calls: jax_flash_amd/_launch.py _dkdv).
 The dS path (Hopper rows with DS, _launch.backward: where its workspace fits configs.DS_WORKSPACE_BYTES):
 dK/dV also stores each tile's dS^T (16-bit, as dK's product reads it) to a workspace, and attn_bwd_dq_ds
 computes dQ = scale dS K from it: five products per tile, as FlashAttention's atomics give, still without
@@ -308,7 +308,7 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                   QUERIES_EVEN: tl.constexpr = False, DS: tl.constexpr = False, PERSISTENT: tl.constexpr = False):
     """Arguments as attn_fwd's; QueryRanges (batch, key blocks, 2): the queries that can share a segment
     id with each key block. One program per (key block, batch * KV_H[, dV or dK where SPLIT]), or with
-    PERSISTENT (TMA rows, whole blocks: jax_flash_amd/_launch.py _dkdv_grid) a grid of (programs, 1, 1), each
+    PERSISTENT (TMA rows, whole blocks: jax_flash_amd/_launch.py _dkdv) a grid of (programs, 1, 1), each
     looping over key blocks of the batch's `batch` elements.
     TMA (Hopper config rows; which calls take them: jax_flash_amd/_launch.py _takes_tma): tiles through
     TMA descriptors, WARP_SPECIALIZE splitting the query loop into producer and consumer warps;

@@ -218,7 +218,7 @@ _SM90_DQ_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=64, BLOCK_N=64, num
 # and V loads, the pipeline's fill, dK and dV's stores: 12 warps and 168 registers leave one program per SM,
 # so nothing overlaps them). Not the D 128 dS row: persistent, it returned NaN on the H200 (tests/test_sm90.py,
 # 2 x 512 x 4, 5 and 13 programs; Triton 3.6) though it matched the tiled row in the sweep (N 1024: 0.882 /
-# 0.917 ms, causal 0.613 / 0.680; N 4096 2.99 / 2.92 with 80-112 bytes of spills), so _launch._dkdv_grid runs
+# 0.917 ms, causal 0.613 / 0.680; N 4096 2.99 / 2.92 with 80-112 bytes of spills), so _launch._dkdv runs
 # the dS path tiled whatever the row says.
 _SM90_DKDV64_TMA = dict(_SM90_DKDV_TMA, max_block_d=64, min_block_d=64, BLOCK_M=128, DS=False, PERSISTENT=1)
 _SM90_DQ64_TMA = dict(_SM90_DQ_TMA, max_block_d=64, min_block_d=64, num_stages=3)

@@ -506,7 +506,7 @@ DKDV_PERSISTENT_CASES = {**{c: v for c, v in PERSISTENT_CASES.items() if c != "s
 def test_persistent_dkdv_equals_one_program_per_tile(case, path, monkeypatch):
     """Whole blocks: the persistent TMA dK/dV kernel (1, 3 and 5 programs over 6-12 key-block tiles) gives
     the tiled kernel's gradients exactly on the seven-product path; the dS path runs a PERSISTENT row tiled
-    (persistent with the dS store: NaN on the H200, _launch._dkdv_grid)."""
+    (persistent with the dS store: NaN on the H200, _launch._dkdv)."""
     from jax_flash_amd import _interpret
     _interpret.check_available()
     c = {**dict(causal=False, window=(-1, -1), alibi=False, h_kv=2, positions=False), **DKDV_PERSISTENT_CASES[case]}
