@@ -4,7 +4,7 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
     python -m benchmarks.hopper_rows_sweep [OUT.json [SET,...]]    # sets: d64, window, mask, d128bwd, persistent,
                                                                    # d64persistent, d64long, windowpersistent, windowany,
                                                                    # tail, ds, dkdvpersistent, dkdvpersistent2048,
-                                                                   # d128seven
+                                                                   # d128seven, edges
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -33,7 +33,8 @@ def _name(row):
     return (f"{row['BLOCK_M']}x{row['BLOCK_N']}w{row['num_warps']}s{row['num_stages']}"
             + ("tma" if row.get("TMA") else "") + ("ws" if row.get("WARP_SPECIALIZE") else "")
             + "".join(f",{k}={v}" for k, v in row.items() if k in ("KEYS_EVEN", "PERSISTENT", "DS"))
-            + "".join(f",{k}:{_name(r)}" for k, r in row.get("_with", {}).items()))
+            + "".join(f",{k}:{_name(r)}" for k, r in row.get("_with", {}).items())
+            + "".join(f",{k}={v}" for k, v in row.get("_limits", {}).items()))
 
 
 D64 = {
@@ -84,6 +85,17 @@ DKDV_PERSISTENT = {"dkdv": [dict(configs._SM90_DKDV64_TMA, PERSISTENT=p) for p i
 # tiled and persistent: for the window's short loops ("dkdv+window" takes it), and causal N 1024
 D128_SEVEN_PERSISTENT = {"dkdv": [dict(configs._SM90_DKDV_TMA, DS=False, PERSISTENT=p) for p in (0, 1)],
                          "_limits": dict(PERSISTENT_BALANCE=float("inf"), DS_WORKSPACE_BYTES=0)}
+# the band's edge blocks in a launch of their own (configs.EDGES_APART_BLOCKS; kernels/fwd.py, bwd.py EDGES):
+# the shipped rows with them in the one loop again (as before), and the forward's TMA rows tiled with them apart
+# (persistent forwards keep them in: _launch.forward); a row's "_limits" hold while that row runs
+def _edges(d):
+    fwd = configs._SM90_FWD_TMA if d == 128 else configs._SM90_FWD64_TMA
+    dkdv = configs._SM90_DKDV_TMA if d == 128 else configs._SM90_DKDV64_TMA
+    off = dict(EDGES_APART_BLOCKS=1 << 30)
+    return {"fwd": [dict(fwd, _limits=off), dict(fwd, PERSISTENT=0, _limits=dict(EDGES_APART_BLOCKS=1))],
+            "dkdv": [dict(dkdv, _limits=off)]}
+
+
 # what the mask costs the D 128 TMA forward: the shipped row with every block masked
 MASK_PROBE = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, KEYS_EVEN=False)]}
 
@@ -111,6 +123,9 @@ SETS = {
     "dkdvpersistent2048": [((8, 2048, 32, 64), causal, (-1, -1), DKDV_PERSISTENT) for causal in (False, True)],
     "d128seven": [((b, 16384 // b, 16, 128), True, (1024, 0), D128_SEVEN_PERSISTENT) for b in (1, 4)]
                  + [((16, 1024, 16, 128), causal, (-1, -1), D128_SEVEN_PERSISTENT) for causal in (False, True)],
+    "edges": [((b, n, h, d), True, (-1, -1), _edges(d)) for d, h in ((64, 32), (128, 16))
+              for b, n in ((16, 1024), (8, 2048), (4, 4096), (1, 16384))]
+             + [((1, 16384, 16, 128), True, (1024, 0), _edges(128))],
     "ds": [((4, 4096, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)]
           + [((4, 4096, 32, 64), causal, (-1, -1), DS_D64) for causal in (False, True)],
 }
@@ -170,15 +185,21 @@ def main(out_path, sets):
             for kn in kernels:
                 for row in candidates[kn]:
                     key = f"{part}:{kn}:{_name(row)}"
+                    row_limits = row.get("_limits", {})
+                    saved = {name: getattr(configs, name) for name in row_limits}
+                    _set(row_limits)
                     try:
                         with_rows = row.get("_with", {})
-                        f = make[part]({kn: {k: v for k, v in row.items() if k != "_with"}, **with_rows})
+                        f = make[part]({kn: {k: v for k, v in row.items() if k not in ("_with", "_limits")},
+                                        **with_rows})
                         got = f(*args[part])
                         got = got if part == "bwd" else got[:1]  # the forward's (out, lse): out
                         line[key] = dict(ms=round(median_seconds(f, *args[part], budget_s=0.3) * 1e3, 4),
                                          err=round(_err(got, ref[part]), 4))
                     except Exception as e:  # noqa: BLE001  (recorded: a row that fails to compile or launch)
                         line[key] = f"{type(e).__name__}: {str(e)[:100]}"
+                    finally:
+                        _set(saved)
             _set(shipped_limits)
         print(json.dumps(line), flush=True)
         results.append(line)

@@ -214,6 +214,34 @@ def _tiled_finish(row_costs, rows: int, slots: int) -> float:
     return max(free)
 
 
+def edges_apart(blocks: dict, sq: int, sk: int, band: rules.Band, keys: bool = False) -> bool:
+    """Whether a call of a TMA row runs the masked blocks at its band's edges in a launch of their own
+    (kernels/fwd.py, bwd.py: EDGES; the forward, or with `keys` the dK/dV kernel): where its one
+    warp-specialised loop would mask every block (a band, or a ragged last block: Triton 3.6's pass takes
+    neither a second loop nor a branch in it), and a row's loop runs at least configs.EDGES_APART_BLOCKS
+    blocks (the band's width where both sides bound it), so that the mask saved outweighs the second
+    launch and the float32 partial result between the two (configs.py: H200 measurements)."""
+    if not blocks.get("TMA") or blocks.get("SPLIT"):
+        return False
+    block_loop, block_tile = (blocks["BLOCK_M"], blocks["BLOCK_N"]) if keys else (blocks["BLOCK_N"], blocks["BLOCK_M"])
+    loop, tile = (sq, sk) if keys else (sk, sq)
+    # the kernels' own test: the forward's KEYS_EVEN, dK/dV's QUERIES_EVEN (both sides whole)
+    whole = loop % block_loop == 0 and (not keys or tile % block_tile == 0)
+    if not band.sides and whole:
+        return False
+    width = band.left + band.right + 1 if band.left >= 0 and band.right >= 0 else loop
+    return _cdiv(min(width, loop), block_loop) >= configs.EDGES_APART_BLOCKS
+
+
+def _edge_blocks(blocks: dict, kernel: str) -> tuple[dict, dict]:
+    """(constexprs, compiler options) of the EDGES == 2 launch after a TMA row's EDGES == 1 one: the same
+    blocks (the two split each tile's blocks between them), through pointer loads, options from
+    configs.EDGE_OPTIONS."""
+    edge = {"BLOCK_M": blocks["BLOCK_M"], "BLOCK_N": blocks["BLOCK_N"], "TMA": False, "WARP_SPECIALIZE": False,
+            "PERSISTENT": False, "EDGES": 2}
+    return edge, dict(configs.EDGE_OPTIONS[kernel])
+
+
 def keys_last(run: Run, target: str, v):
     """v (batch, seq_k, heads, D) as (batch, heads, D, seq_k rounded up to 16), zero-padded: the layout
     the fp8 forward reads (kernels/fwd.py)."""
@@ -254,19 +282,37 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
     grid = (n_blocks, b * h)
     if blocks.get("TMA"):  # kernels/fwd.py: the TMA loop goes unmasked when every key block is whole
         constexprs["KEYS_EVEN"] = k.shape[1] % blocks["BLOCK_N"] == 0
-    blocks = dict(blocks, PERSISTENT=programs > 0)
+    # not with a persistent grid: the float32 partial's staging takes that D 128 kernel's shared memory past an
+    # SM's (sm90 cross-compile: 262 KB; tiled 230 KB, of 227 KiB)
+    edges = not programs and edges_apart(blocks, sq, k.shape[1], statics.band)
+    blocks = dict(blocks, PERSISTENT=programs > 0, EDGES=int(edges))
     if programs:
         grid = (programs, 1)
+    out_dtype = jnp.bfloat16 if fp8_inputs else q.dtype
+    inputs = dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, blocks["BLOCK_M"]), batch=b, **scalars)
+    constexprs["P8_LOG2"] = fp8.P_LOG2.get(jnp.dtype(q.dtype), 0)
+    lse_shape = jax.ShapeDtypeStruct((b, h, sq), jnp.float32)
     out, lse = run(_launch(
         fwd.attn_fwd, grid=grid,
-        inputs=dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, blocks["BLOCK_M"]), batch=b,
-                    **scalars),
-        out_shapes=(jax.ShapeDtypeStruct(q.shape, jnp.bfloat16 if fp8_inputs else q.dtype),
-                    jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
-        constexprs={**constexprs, **blocks, "P8_LOG2": fp8.P_LOG2.get(jnp.dtype(q.dtype), 0)},
+        inputs=dict(inputs, Part=_placeholder(), PartLse=_placeholder()),
+        out_shapes=(jax.ShapeDtypeStruct(q.shape, jnp.float32 if edges else out_dtype), lse_shape),
+        constexprs={**constexprs, **blocks},
         options=options, extras=extras,
     ))
+    if edges:  # the band's edge blocks, from that partial result (kernels/fwd.py EDGES)
+        edge, edge_options = _edge_blocks(blocks, "fwd")
+        out, lse = run(_launch(
+            fwd.attn_fwd, grid=(n_blocks, b * h),
+            inputs=dict(inputs, Part=out, PartLse=lse),
+            out_shapes=(jax.ShapeDtypeStruct(q.shape, out_dtype), lse_shape),
+            constexprs={**constexprs, **edge}, options=edge_options, extras=extras,
+        ))
     return out, lse
+
+
+def _placeholder():
+    """An operand a launch does not read (a kernel parameter its constexprs leave unused)."""
+    return jnp.zeros((1,), jnp.float32)
 
 
 def _dkdv_config(target: str, q, k, statics: Statics, extras: Operands, rows) -> tuple[dict, dict]:
@@ -294,16 +340,30 @@ def _dkdv(run: Run, target: str, q, k, v, dout, lse2, delta, extras: Operands, s
         programs = persistent_programs(blocks, target, b * h_kv, sq, sk, statics.band, keys=True)
     persistent = 0 < programs < n_blocks * b * h_kv
     grid = (programs, 1, 1) if persistent else (n_blocks, b * h_kv, 2 if blocks["SPLIT"] else 1)
+    # not on the dS path: the edges' dS would need the pointer launch to store it too
+    edges = not ds and edges_apart(blocks, sq, sk, statics.band, keys=True)
     scalars, constexprs = _common(q, k, statics)
-    return run(_launch(
+    inputs = dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,
+                  Delta=delta, batch=b, **scalars)
+    part = jnp.float32 if edges else None
+    dk, dv, ds_out = run(_launch(
         bwd.attn_bwd_dkdv, grid=grid,
-        inputs=dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,
-                    Delta=delta, batch=b, **scalars),
-        out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+        inputs=dict(inputs, DKPart=_placeholder(), DVPart=_placeholder()),
+        out_shapes=(jax.ShapeDtypeStruct(k.shape, part or k.dtype), jax.ShapeDtypeStruct(v.shape, part or v.dtype),
                     jax.ShapeDtypeStruct(ds_workspace(b, h, sq, sk, blocks["BLOCK_N"]) if ds else (1,), q.dtype)),
-        constexprs={**constexprs, **blocks, "DS": ds, "PERSISTENT": persistent},
+        constexprs={**constexprs, **blocks, "DS": ds, "PERSISTENT": persistent, "EDGES": int(edges)},
         options=options, extras=extras,
     ))
+    if edges:  # the band's edge blocks, added to those partial sums (kernels/bwd.py EDGES)
+        edge, edge_options = _edge_blocks(blocks, "dkdv")
+        dk, dv, ds_out = run(_launch(
+            bwd.attn_bwd_dkdv, grid=(n_blocks, b * h_kv, 1),
+            inputs=dict(inputs, DKPart=dk, DVPart=dv),
+            out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+                        jax.ShapeDtypeStruct((1,), q.dtype)),
+            constexprs={**constexprs, **blocks, "DS": False, **edge}, options=edge_options, extras=extras,
+        ))
+    return dk, dv, ds_out
 
 
 def ds_workspace(batch: int, heads: int, sq: int, sk: int, block_n: int) -> tuple[int, int]:

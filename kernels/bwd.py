@@ -175,12 +175,14 @@ def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, Slopes, b, h_
 
 
 @triton.jit
-def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
-                  keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
-                  DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
-    """dK (DK) and / or dV (DV) of one key block."""
+def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
+                  sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr,
+                  KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+                  SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr, DK: tl.constexpr,
+                  DV: tl.constexpr, EDGES: tl.constexpr = 0):
+    """dK (DK) and / or dV (DV) of one key block; EDGES == 2 (attn_bwd_dkdv): only the masked query blocks,
+    added to the partial DKPart / DVPart."""
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)  # batch * KV_H
     b = bh // KV_H
@@ -202,19 +204,26 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
     begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, QueryRanges, b, BLOCK_M,
                                                     BLOCK_N, BANDED, SEGMENTS)
     k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS)
-    # query blocks that see every key of this block, unmasked; then those at the band's edges, masked
-    dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, full_begin, full_end, full_end,
-                         full_end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale,
-                         softcap, QSeg, k_ids, keep_scale, MASKED=False, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM,
-                         BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                         SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, DK=DK, DV=DV)
+    # query blocks that see every key of this block, unmasked (EDGES == 2: done); then those at the band's
+    # edges, masked
+    if EDGES != 2:
+        dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, full_begin, full_end,
+                             full_end, full_end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
+                             sm_scale, softcap, QSeg, k_ids, keep_scale, MASKED=False, H=H, GROUP=GROUP,
+                             HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                             SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
+                             POSITIONS=POSITIONS, DK=DK, DV=DV)
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, begin, full_begin, full_end, end,
                          start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
                          QSeg, k_ids, keep_scale, MASKED=True, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                          BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
                          SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, DK=DK, DV=DV)
+    dk = dk * sm_scale
+    if EDGES == 2:
+        dk += load_tile(DKPart + kv_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+        dv += load_tile(DVPart + kv_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
     if DK:
-        store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
+        store_tile(dK + kv_base, dk, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
     if DV:
         store_tile(dV + kv_base, dv, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, BLOCK_D != HEAD_DIM)
 
@@ -224,7 +233,7 @@ def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta,
                       lo_off, hi_off, batch, dK, dV, dS, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
                       ALIBI: tl.constexpr, POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-                      QUERIES_EVEN: tl.constexpr, DS: tl.constexpr, PERSISTENT: tl.constexpr):
+                      QUERIES_EVEN: tl.constexpr, DS: tl.constexpr, PERSISTENT: tl.constexpr, EDGES: tl.constexpr):
     """dK and dV of one key block (PERSISTENT: of the key blocks masking.persistent_tile hands this program),
     every tile through TMA descriptors (masking.element_tiles); Lse and Delta through 1-D ones (pointer
     loads in the loop leave it to run at ~0.8x: H200, D 128)."""
@@ -239,14 +248,15 @@ def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta,
                            sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, dK, dV, H=H, KV_H=KV_H,
                            HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
                            ALIBI=ALIBI, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE,
-                           QUERIES_EVEN=QUERIES_EVEN, DS=DS)
+                           QUERIES_EVEN=QUERIES_EVEN, DS=DS, EDGES=EDGES)
     else:
         descriptors = _dkdv_descriptors(Q, K, V, dOut, Lse, Delta, dS, tl.program_id(1) // KV_H, seq_q, seq_k,
                                         H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DS=DS)
         _dkdv_tma_tile(tl.program_id(0) * BLOCK_N, tl.program_id(1), descriptors, Slopes, QueryRanges, Positions,
                        sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, dK, dV, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM,
                        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                       POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS)
+                       POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS,
+                       EDGES=EDGES)
 
 
 @triton.jit
@@ -272,8 +282,9 @@ def _dkdv_tma_tile(start_n, bh, descriptors, Slopes, QueryRanges, Positions, sm_
                    lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
                    ALIBI: tl.constexpr, POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-                   QUERIES_EVEN: tl.constexpr, DS: tl.constexpr):
-    """dK and dV of key block start_n of (batch * KV_H) row bh, tiles through descriptors (_dkdv_descriptors)."""
+                   QUERIES_EVEN: tl.constexpr, DS: tl.constexpr, EDGES: tl.constexpr):
+    """dK and dV of key block start_n of (batch * KV_H) row bh, tiles through descriptors (_dkdv_descriptors);
+    EDGES == 1: of the query blocks that see the whole key block only (attn_bwd_dkdv)."""
     k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, ds_desc, ds_rows = descriptors
     b = bh // KV_H
     h_kv = bh % KV_H
@@ -284,13 +295,18 @@ def _dkdv_tma_tile(start_n, bh, descriptors, Slopes, QueryRanges, Positions, sm_
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     lo_off, hi_off, diag, pos_q, pos_k = place(Positions, b, seq_q, seq_k, lo_off, hi_off, POSITIONS)
-    begin, _, _, end = query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, QueryRanges, b, BLOCK_M, BLOCK_N, BANDED,
-                                    False)
-    # one loop (Triton 3.6's warp-specialisation pass takes no second one), masked unless no block needs it
+    begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, QueryRanges, b, BLOCK_M,
+                                                    BLOCK_N, BANDED, False)
+    # one loop (Triton 3.6's warp-specialisation pass takes no second one), masked unless no block needs it,
+    # or (EDGES == 1) over the blocks that need none
+    if EDGES == 1:
+        begin = full_begin
+        end = full_end
     dk, dv = _dkdv_tma(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, Slopes, b, h_kv, begin, end, start_n,
                        offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
                        tl.zeros([BLOCK_N], tl.int32), ds_desc, ds_rows, H=H, GROUP=H // KV_H, HEAD_DIM=HEAD_DIM,
-                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=BANDED or not QUERIES_EVEN,
+                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                       MASKED=(BANDED or not QUERIES_EVEN) and EDGES != 1,
                        SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE,
                        STORE_DS=DS)
     kv_base = head_start(b, h_kv, seq_k, KV_H, HEAD_DIM)
@@ -299,13 +315,15 @@ def _dkdv_tma_tile(start_n, bh, descriptors, Slopes, QueryRanges, Positions, sm_
 
 
 @triton.jit
-def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
-                  keep_scale, seq_q, seq_k, lo_off, hi_off, batch, dK, dV, dS, H: tl.constexpr, KV_H: tl.constexpr,
+def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
+                  sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, batch, dK, dV, dS, H: tl.constexpr,
+                  KV_H: tl.constexpr,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
                   DROP_THRESHOLD: tl.constexpr, SPLIT: tl.constexpr, POSITIONS: tl.constexpr,
                   TMA: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
-                  QUERIES_EVEN: tl.constexpr = False, DS: tl.constexpr = False, PERSISTENT: tl.constexpr = False):
+                  QUERIES_EVEN: tl.constexpr = False, DS: tl.constexpr = False, PERSISTENT: tl.constexpr = False,
+                  EDGES: tl.constexpr = 0):
     """Arguments as attn_fwd's; QueryRanges (batch, key blocks, 2): the queries that can share a segment
     id with each key block. One program per (key block, batch * KV_H[, dV or dK where SPLIT]), or with
     PERSISTENT (TMA rows, whole blocks: jax_flash_amd/_launch.py _dkdv) a grid of (programs, 1, 1), each
@@ -313,7 +331,10 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
     TMA (Hopper config rows; which calls take them: jax_flash_amd/_launch.py _takes_tma): tiles through
     TMA descriptors, WARP_SPECIALIZE splitting the query loop into producer and consumer warps;
     QUERIES_EVEN says every query and key block is whole (the loop then runs unmasked without a band).
-    dS: the dS path's workspace (ds_tiles), written where DS (TMA only), else a placeholder."""
+    dS: the dS path's workspace (ds_tiles), written where DS (TMA only), else a placeholder.
+    EDGES (as attn_fwd's; which calls: jax_flash_amd/_launch.py edges_apart): 1 (the TMA loop) only the query
+    blocks that see every key of the block, unmasked, dK and dV then float32 partial sums; 2 (pointer loads)
+    only the masked ones at the band's edges, added to those (DKPart, DVPart; placeholders otherwise)."""
     USE_TMA: tl.constexpr = (TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM) & (not SPLIT)
                              & (DROP_THRESHOLD == 0) & (not SEGMENTS))
     # DK / DV must be compile-time constants (each program holds only the accumulators it needs), hence
@@ -322,22 +343,23 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
         _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap, seq_q,
                           seq_k, lo_off, hi_off, batch, dK, dV, dS, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
                           BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS,
-                          WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS, PERSISTENT=PERSISTENT)
+                          WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS, PERSISTENT=PERSISTENT,
+                          EDGES=EDGES)
     elif not SPLIT:
-        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
-                      keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=True, H=H, KV_H=KV_H,
-                      HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
+                      sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=True, H=H,
+                      KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                      POSITIONS=POSITIONS)
+                      POSITIONS=POSITIONS, EDGES=EDGES)
     elif tl.program_id(2) == 0:
-        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
-                      keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=False, DV=True, H=H, KV_H=KV_H,
+        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
+                      sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=False, DV=True, H=H, KV_H=KV_H,
                       HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
                       POSITIONS=POSITIONS)
     else:
-        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
-                      keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=False, H=H, KV_H=KV_H,
+        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
+                      sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=False, H=H, KV_H=KV_H,
                       HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
                       POSITIONS=POSITIONS)

@@ -182,6 +182,21 @@ PERSISTENT_BALANCE = 1.05
 # 0.611 (32 blocks), 2 x 32768 16.8 / 18.3, 1 x 65536 33.4 / 36.7, 1 x 131072 132 / 150 (without a band: 1 x
 # 32768 15.71 / 15.60). Narrow windows: persistent at every length ("fwd+window" below).
 PERSISTENT_BANDED_BLOCKS = 32
+# The band's masked edge blocks in a launch of their own (kernels/fwd.py, bwd.py EDGES; which calls:
+# _launch.py edges_apart): a TMA row's one warp-specialised loop masks every block of a band (Triton 3.6 takes
+# neither a second loop nor a branch in it). What that costs, H200, bf16, Nsight Compute, kernel ms, whole blocks
+# unmasked / every block masked (a band that hides one pair) / causal: forward D 128 1 x 16384 x 16 3.55 / 3.94
+# / 1.99 (cuDNN causal 1.72), 4 x 4096 x 16 0.91 / 1.01 / 0.54; dK/dV D 64 (seven products) 1 x 16384 x 32 7.92 /
+# 10.59 / 5.37, 4 x 4096 x 32 2.02 / 2.66 / 1.40 (cuDNN's whole causal backward 6.06 and 1.78 ms). The edges
+# apart cost a second launch and a float32 partial result (written and read once: per token, not per pair), so
+# they pay on long loops only (benchmarks/hopper_rows_sweep.py edges, H200, bf16, causal, ms, apart / together):
+# D 64 backward (32 heads) 16 x 1024 0.947 / 0.743, 8 x 2048 1.380 / 1.211, 4 x 4096 2.276 / 2.234, 1 x 16384
+# 7.627 / 8.404; D 128 forward (16 heads; tiled, where it is not persistent) 16 x 1024 0.371 / 0.181 (persistent),
+# 4 x 4096 0.723 / 0.605 (persistent), 1 x 16384 2.172 / 2.219; window (1024, 0) D 128 backward 1.373 / 1.146.
+# Taken where a row's loop runs at least this many blocks.
+EDGES_APART_BLOCKS = 64
+# the edge launch's compiler options (its blocks are the TMA row's: the two split each tile's blocks)
+EDGE_OPTIONS = {"fwd": dict(num_warps=8, num_stages=2), "dkdv": dict(num_warps=8, num_stages=1)}
 # Backward, D 128, bf16, H200, per kernel (standalone prototypes of the same loops, 4 x 4096 x 16 / 1 x 16384
 # x 16, non-causal; causal): dK/dV 64 x 128 x 4 warps x 2 stages with every tile through TMA and the query
 # loop warp-specialised 1.63 / 6.62 ms (0.96 / 3.59) against 2.30 / 9.57 (1.22 / 4.27) for the pointer row's

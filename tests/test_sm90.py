@@ -50,6 +50,28 @@ VARIANTS = {"plain": {}, "softcap": dict(softcap=20.0), "alibi": {}, "gqa": {}, 
 def test_every_sm90_row(kernel_row, dtype, causal, seq, variant, monkeypatch):
     """The row runs its kernel (the others their defaults) in a forward and a backward against float64;
     a dK/dV row marked DS runs the dS path, the dQ rows the seven-product one (that is where they serve)."""
+    _check_row(kernel_row, dtype, causal, seq, variant, monkeypatch)
+
+
+EDGE_ROWS = [(kernel, dict(row, PERSISTENT=0) if kernel == "fwd" else row) for kernel, row in ROWS
+             if kernel in ("fwd", "dkdv")]
+
+
+@pytest.mark.parametrize("kernel_row", EDGE_ROWS, ids=_id)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seq", [300, 256], ids=["ragged", "whole"])
+@pytest.mark.parametrize("variant", ["plain", "alibi", "gqa", "window"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_every_sm90_row_edges_apart(kernel_row, causal, seq, variant, monkeypatch):
+    """test_every_sm90_row with the band's edge blocks in a launch of their own wherever a loop would mask
+    (kernels/fwd.py, bwd.py EDGES; the forward rows tiled, dK/dV on seven products: where the edges run)."""
+    monkeypatch.setattr(configs, "EDGES_APART_BLOCKS", 1)
+    monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", 0)
+    _check_row(kernel_row, jnp.bfloat16, causal, seq, variant, monkeypatch, edges=True)
+
+
+def _check_row(kernel_row, dtype, causal, seq, variant, monkeypatch, edges=False):
     if _triton.target() != "sm90":
         pytest.skip("needs a Hopper GPU")
     if kernel_row[0] == "dq":
@@ -86,7 +108,10 @@ def test_every_sm90_row(kernel_row, dtype, causal, seq, variant, monkeypatch):
 
     got = jax.jit(fwd_bwd)(q, k, v, dout, dlse, extras)
     if kernel in ("dkdv", "dqds"):  # the path the row serves ran
-        assert ("attn_bwd_dq_ds" in launched) == bool(takes_ds), launched
+        assert ("attn_bwd_dq_ds" in launched) == bool(takes_ds and not edges), launched
+    if edges:  # and the edges' launch (a band, or ragged blocks)
+        name = {"fwd": "attn_fwd", "dkdv": "attn_bwd_dkdv"}[kernel]
+        assert launched.count(name) == 1 + (causal or variant == "window" or seq % 128 > 0), launched
     ref = oracle.attention(q, k, v, dout, dlse, causal=causal, window=window, softcap=softcap, alibi=slopes)
     for name, x in got.items():
         assert np.isfinite(np.asarray(x, np.float32)[np.isfinite(ref[name])]).all(), name
@@ -120,19 +145,21 @@ TMA_CASES = {
 }
 
 
-@pytest.mark.parametrize("path", ["seven", "ds", "ds-by-heads"])
+@pytest.mark.parametrize("path", ["seven", "edges", "ds", "ds-by-heads"])
 @pytest.mark.parametrize("case", list(TMA_CASES))
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
 def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
+    """"edges": every call whose TMA loop would mask takes the edge launches (kernels/fwd.py, bwd.py EDGES)."""
     from jax_flash_amd import _interpret
     _interpret.check_available()  # what the public API does first (it also mends the interpreter's bf16)
     c = {**dict(causal=False, window=(-1, -1), softcap=0.0, alibi=False, h=2, h_kv=2), **TMA_CASES[case]}
     b, h, d = 3, c["h"], 32
     takes_tma = c["sq"] % 4 == 0 and not c["softcap"]  # _launch._dkdv_takes_tma; else the seven products
-    if path != "seven" and (dtype != jnp.float16 or not takes_tma):
+    if path not in ("seven", "edges") and (dtype != jnp.float16 or not takes_tma):
         pytest.skip("the dS path: float16 (bfloat16 takes the same code), calls that take dK/dV's TMA row")
-    rows = TMA_INTERPRET_ROWS if path == "seven" else DS_INTERPRET_ROWS
+    rows = TMA_INTERPRET_ROWS if path in ("seven", "edges") else DS_INTERPRET_ROWS
+    monkeypatch.setattr(configs, "EDGES_APART_BLOCKS", 1 if path == "edges" else 1 << 30)
     if path != "seven":  # windows take the dS path too (the rule: test_which_backwards_take_the_ds_path)
         monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
     if path == "ds-by-heads":  # room for one key/value head's workspace: a launch per head
@@ -148,14 +175,21 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     launched = []
 
     def run(launch):
-        launched.append(launch.kernel.__name__)
+        launched.append(launch.kernel.__name__ + ("+edges" if launch.constexprs.get("EDGES") == 2 else ""))
         return _interpret.run(launch)
 
     out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, rows=rows)
     dq, dk, dv = _launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics,
                                   rows=rows)
-    expected = {"seven": 0, "ds": 1, "ds-by-heads": 2}[path]
+    expected = {"seven": 0, "edges": 0, "ds": 1, "ds-by-heads": 2}[path]
     assert launched.count("attn_bwd_dq_ds") == expected, launched
+    # the edges apart where a TMA loop would mask a block: a band, or a ragged block (fwd: keys of 16; dK/dV:
+    # queries of 16, keys of 32, and only where it takes its TMA row)
+    banded = c["causal"] or c["window"] != (-1, -1)
+    fwd_edges = path == "edges" and (banded or c["sk"] % 16 > 0)
+    dkdv_edges = path == "edges" and takes_tma and (banded or c["sq"] % 16 > 0 or c["sk"] % 32 > 0)
+    assert ("attn_fwd+edges" in launched) == fwd_edges, launched
+    assert ("attn_bwd_dkdv+edges" in launched) == dkdv_edges, launched
     kw = dict(causal=c["causal"], softcap=c["softcap"])
     ref = oracle.attention(q, k, v, dout, dlse, window=c["window"], alibi=slopes, **kw)
     base = run_impl("xla", q, k, v, dout, dlse, window_size=c["window"], alibi_slopes=slopes, **kw)
@@ -199,9 +233,10 @@ def test_operands_of_a_group_of_heads():
 
 @pytest.mark.parametrize("case", ["causal-window-alibi", "gqa-causal"])
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
-def test_tma_path_as_a_block_of_a_larger_call(case):
+def test_tma_path_as_a_block_of_a_larger_call(case, monkeypatch):
     """With Operands.positions (a ring-attention step: tests/test_positions.py checks the pointer path
-    against the larger call), the TMA forward and backward equal the pointer kernels."""
+    against the larger call), the TMA forward and backward equal the pointer kernels: in one loop, with the
+    band's edge blocks apart (kernels/fwd.py, bwd.py EDGES), and on the dS path."""
     from jax_flash_amd import _interpret
     _interpret.check_available()
     sq, sk, h = 24, 40, 2
@@ -218,7 +253,12 @@ def test_tma_path_as_a_block_of_a_larger_call(case):
                                              statics=statics, rows=rows))
 
     want_all = grads(None)
-    for name, got, want in [*zip(("out", "lse", "dq", "dk", "dv"), grads(TMA_INTERPRET_ROWS), want_all),
+    monkeypatch.setattr(configs, "EDGES_APART_BLOCKS", 1 << 30)
+    one_loop = grads(TMA_INTERPRET_ROWS)
+    monkeypatch.setattr(configs, "EDGES_APART_BLOCKS", 1)
+    apart = grads(TMA_INTERPRET_ROWS)
+    for name, got, want in [*zip(("out", "lse", "dq", "dk", "dv"), one_loop, want_all),
+                            *zip(("edges: out", "edges: lse", "edges: dq", "edges: dk", "edges: dv"), apart, want_all),
                             *zip(("ds: dq", "ds: dk", "ds: dv"), grads(DS_INTERPRET_ROWS)[2:], want_all[2:])]:
         g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
         np.testing.assert_array_equal(np.isneginf(g), np.isneginf(w), err_msg=name)
@@ -319,7 +359,8 @@ def test_which_forwards_run_persistent(shape, causal, window, persistent, monkey
     grids = []
 
     def run(launch):
-        grids.append((launch.grid, launch.constexprs["PERSISTENT"], bool(launch.constexprs.get("TMA"))))
+        if launch.constexprs.get("EDGES") != 2:  # not the edges' launch (test_which_calls_run_the_edges_apart)
+            grids.append((launch.grid, launch.constexprs["PERSISTENT"], bool(launch.constexprs.get("TMA"))))
         return launch.out_shapes
 
     band = Band.of(causal, window or (-1, -1), n, n)
@@ -469,7 +510,7 @@ def test_which_backwards_run_dkdv_persistent(shape, d, causal, window, persisten
     grids = []
 
     def run(launch):
-        if launch.kernel.__name__ == "attn_bwd_dkdv":
+        if launch.kernel.__name__ == "attn_bwd_dkdv" and launch.constexprs.get("EDGES") != 2:
             grids.append((launch.grid, launch.constexprs["PERSISTENT"]))
         return launch.out_shapes
 
@@ -576,3 +617,41 @@ def test_every_sm90_dkdv_row_persistent(row, causal, variant, monkeypatch):
         for name, x in got.items():
             assert np.isfinite(np.asarray(x, np.float32)[np.isfinite(ref[name])]).all(), name
         assert_close(got, ref, base, jnp.bfloat16)
+
+
+# ----- the band's edge blocks in a launch of their own (kernels/fwd.py, bwd.py EDGES; _launch.edges_apart) -----
+
+@pytest.mark.parametrize("shape, d, causal, window, fwd, dkdv", [
+    ((1, 16384, 16), 128, True, None, True, False),  # the dS path keeps its edges in (its dS store)
+    ((1, 16384, 32), 64, True, None, False, True),  # D 64 causal forwards take the pointer row (its own split)
+    ((2, 8192, 16), 128, True, None, True, False),  # 64 key blocks
+    ((4, 4096, 16), 128, True, None, False, False),  # 32 blocks (and a persistent forward)
+    ((4, 4096, 32), 64, True, None, False, False),
+    ((1, 16384, 16), 128, False, None, False, False),  # no band, whole blocks: nothing masked
+    ((1, 16380, 16), 128, False, None, True, False),  # ragged keys: every block masked otherwise
+    ((1, 16384, 16), 128, True, (8191, 0), True, False),  # a wide window: 64 blocks
+    ((1, 16384, 16), 128, True, (1024, 0), False, False),  # a narrow one: 9 blocks
+    ((1, 16384, 16), 96, True, None, False, False),  # no TMA (padded head)
+])
+def test_which_calls_run_the_edges_apart(shape, d, causal, window, fwd, dkdv, monkeypatch):
+    """sm90's TMA rows run the band's masked edge blocks in a second launch where their loop would mask
+    (a band, ragged blocks) and runs at least configs.EDGES_APART_BLOCKS blocks (the band's width where it
+    bounds both sides); not persistent forwards, nor the dS path's dK/dV."""
+    monkeypatch.setattr(_launch, "compute_units", lambda target: 132)
+    b, n, h = shape
+    launched = []
+
+    def run(launch):
+        launched.append((launch.kernel.__name__, launch.constexprs.get("EDGES")))
+        return tuple(jnp.zeros(s.shape, s.dtype) for s in launch.out_shapes)
+
+    statics = _launch.Statics(d ** -0.5, Band.of(causal, window or (-1, -1), n, n))
+
+    def f(x, lse):
+        out, lse2 = _launch.forward(run, "sm90", x, x, x, statics=statics)
+        return _launch.backward(run, "sm90", x, x, x, out, lse2, x, lse, statics=statics)
+
+    jax.eval_shape(f, jax.ShapeDtypeStruct((b, n, h, d), jnp.bfloat16), jax.ShapeDtypeStruct((b, h, n), jnp.float32))
+    for name, apart in (("attn_fwd", fwd), ("attn_bwd_dkdv", dkdv)):
+        edges = [e for kernel, e in launched if kernel == name]
+        assert edges == ([1, 2] if apart else [0] * len(edges)), (name, launched)
