@@ -337,6 +337,8 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
     only the masked ones at the band's edges, added to those (DKPart, DVPart; placeholders otherwise)."""
     USE_TMA: tl.constexpr = (TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM) & (not SPLIT)
                              & (DROP_THRESHOLD == 0) & (not SEGMENTS))
+    # EDGES: the unmasked part through TMA; not SPLIT, dropout or segment ids (their paths pass EDGES on to none)
+    tl.static_assert(EDGES == 0 or ((EDGES == 2 or USE_TMA) and not SPLIT and DROP_THRESHOLD == 0 and not SEGMENTS))
     # DK / DV must be compile-time constants (each program holds only the accumulators it needs), hence
     # one call per case
     if USE_TMA:

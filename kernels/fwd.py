@@ -141,6 +141,10 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     (H200: +11-19 % on the D 128 forward)."""
     # the TMA path: a TMA row, 16-bit inputs, a whole-tile head
     USE_TMA: tl.constexpr = TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM)
+    # EDGES: the unmasked part through TMA; no dropout, fp8 or segment ids (the partial would carry keep_scale,
+    # lse P8_LOG2's shift, and the segments mask every block)
+    tl.static_assert(EDGES == 0 or ((EDGES == 2 or USE_TMA) and DROP_THRESHOLD == 0 and P8_LOG2 == 0
+                                    and not SEGMENTS))
     if PERSISTENT:
         q_desc = Q
         k_desc = K

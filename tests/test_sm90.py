@@ -136,6 +136,8 @@ DS_INTERPRET_ROWS = {**TMA_INTERPRET_ROWS, "dkdv": dict(TMA_INTERPRET_ROW, BLOCK
 TMA_CASES = {
     "ragged": dict(sq=44, sk=44), "ragged-odd": dict(sq=45, sk=45), "whole": dict(sq=64, sk=64),
     "whole-causal": dict(sq=64, sk=64, causal=True), "cross-causal": dict(sq=37, sk=53, causal=True),
+    # more queries than keys, causal (bottom-right): the first 16 rows see no key
+    "cross-causal-rows-empty": dict(sq=52, sk=36, causal=True),
     "cross": dict(sq=36, sk=52), "window": dict(sq=44, sk=44, window=(9, 4)),
     "left-window": dict(sq=44, sk=44, window=(7, -1)), "softcap": dict(sq=44, sk=44, causal=True, softcap=5.0),
     "alibi": dict(sq=44, sk=44, alibi=True), "gqa": dict(sq=44, sk=44, causal=True, h_kv=1),
@@ -247,16 +249,25 @@ def test_tma_path_as_a_block_of_a_larger_call(case, monkeypatch):
                       slopes=jnp.array([[0.2, 0.45]], jnp.float32) if "alibi" in case else None)
     statics = _launch.Statics(0.3, band)
 
+    edge_launches = []
+
+    def run(launch):
+        if launch.constexprs.get("EDGES") == 2:
+            edge_launches.append(launch.kernel.__name__)
+        return _interpret.run(launch)
+
     def grads(rows):
-        out, lse2 = _launch.forward(_interpret.run, "interpret", q, k, v, extras, statics=statics, rows=rows)
-        return (out, lse2, *_launch.backward(_interpret.run, "interpret", q, k, v, out, lse2, dout, dlse, extras,
+        out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, rows=rows)
+        return (out, lse2, *_launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras,
                                              statics=statics, rows=rows))
 
     want_all = grads(None)
     monkeypatch.setattr(configs, "EDGES_APART_BLOCKS", 1 << 30)
     one_loop = grads(TMA_INTERPRET_ROWS)
+    assert not edge_launches
     monkeypatch.setattr(configs, "EDGES_APART_BLOCKS", 1)
     apart = grads(TMA_INTERPRET_ROWS)
+    assert edge_launches == ["attn_fwd", "attn_bwd_dkdv"]
     for name, got, want in [*zip(("out", "lse", "dq", "dk", "dv"), one_loop, want_all),
                             *zip(("edges: out", "edges: lse", "edges: dq", "edges: dk", "edges: dv"), apart, want_all),
                             *zip(("ds: dq", "ds: dk", "ds: dv"), grads(DS_INTERPRET_ROWS)[2:], want_all[2:])]:
@@ -542,12 +553,13 @@ DKDV_PERSISTENT_CASES = {**{c: v for c, v in PERSISTENT_CASES.items() if c != "s
 
 
 @pytest.mark.parametrize("case", list(DKDV_PERSISTENT_CASES))
-@pytest.mark.parametrize("path", ["seven", "ds"])
+@pytest.mark.parametrize("path", ["seven", "edges", "ds"])
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
 def test_persistent_dkdv_equals_one_program_per_tile(case, path, monkeypatch):
     """Whole blocks: the persistent TMA dK/dV kernel (1, 3 and 5 programs over 6-12 key-block tiles) gives
-    the tiled kernel's gradients exactly on the seven-product path; the dS path runs a PERSISTENT row tiled
-    (persistent with the dS store: NaN on the H200, _launch._dkdv)."""
+    the tiled kernel's gradients exactly on the seven-product path, also with the band's edge blocks apart
+    ("edges": the persistent kernel then loops over the unmasked blocks); the dS path runs a PERSISTENT row
+    tiled (persistent with the dS store: NaN on the H200, _launch._dkdv)."""
     from jax_flash_amd import _interpret
     _interpret.check_available()
     c = {**dict(causal=False, window=(-1, -1), alibi=False, h_kv=2, positions=False), **DKDV_PERSISTENT_CASES[case]}
@@ -559,12 +571,13 @@ def test_persistent_dkdv_equals_one_program_per_tile(case, path, monkeypatch):
     # with positions, the band is the larger call's (80 queries, 96 keys)
     shape = (80, 96) if c["positions"] else (c["sq"], c["sk"])
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], *shape))
-    rows = TMA_INTERPRET_ROWS if path == "seven" else DS_INTERPRET_ROWS
+    rows = DS_INTERPRET_ROWS if path == "ds" else TMA_INTERPRET_ROWS
     monkeypatch.setattr(configs, "NARROW_WINDOW", 0)  # the window case takes the dS path too
+    monkeypatch.setattr(configs, "EDGES_APART_BLOCKS", 1 if path == "edges" else 1 << 30)
     grids = []
 
     def run(launch):
-        if launch.kernel.__name__ == "attn_bwd_dkdv":
+        if launch.kernel.__name__ == "attn_bwd_dkdv" and launch.constexprs.get("EDGES") != 2:
             grids.append(launch.grid)
         return _interpret.run(launch)
 
@@ -580,7 +593,7 @@ def test_persistent_dkdv_equals_one_program_per_tile(case, path, monkeypatch):
     for programs in (1, 3, 5):
         monkeypatch.setattr(_launch, "compute_units", lambda target: programs)
         got = backward(1)
-        assert grids[-1] == ((programs, 1, 1) if path == "seven" else grids[0])
+        assert grids[-1] == (grids[0] if path == "ds" else (programs, 1, 1))
         for g, w in zip(got, want):
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
@@ -654,4 +667,4 @@ def test_which_calls_run_the_edges_apart(shape, d, causal, window, fwd, dkdv, mo
     jax.eval_shape(f, jax.ShapeDtypeStruct((b, n, h, d), jnp.bfloat16), jax.ShapeDtypeStruct((b, h, n), jnp.float32))
     for name, apart in (("attn_fwd", fwd), ("attn_bwd_dkdv", dkdv)):
         edges = [e for kernel, e in launched if kernel == name]
-        assert edges == ([1, 2] if apart else [0] * len(edges)), (name, launched)
+        assert edges and edges == ([1, 2] if apart else [0] * len(edges)), (name, launched)
