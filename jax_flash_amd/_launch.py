@@ -214,23 +214,18 @@ def _tiled_finish(row_costs, rows: int, slots: int) -> float:
     return max(free)
 
 
-def edges_apart(blocks: dict, sq: int, sk: int, band: rules.Band, keys: bool = False) -> bool:
+def edges_apart(blocks: dict, loop: int, block: int, band: rules.Band, whole: bool) -> bool:
     """Whether a call of a TMA row runs the masked blocks at its band's edges in a launch of their own
-    (kernels/fwd.py, bwd.py: EDGES; the forward, or with `keys` the dK/dV kernel): where its one
-    warp-specialised loop would mask every block (a band, or a ragged last block: Triton 3.6's pass takes
-    neither a second loop nor a branch in it), and a row's loop runs at least configs.EDGES_APART_BLOCKS
-    blocks (the band's width where both sides bound it), so that the mask saved outweighs the second
-    launch and the float32 partial result between the two (configs.py: H200 measurements)."""
-    if not blocks.get("TMA") or blocks.get("SPLIT"):
-        return False
-    block_loop, block_tile = (blocks["BLOCK_M"], blocks["BLOCK_N"]) if keys else (blocks["BLOCK_N"], blocks["BLOCK_M"])
-    loop, tile = (sq, sk) if keys else (sk, sq)
-    # the kernels' own test: the forward's KEYS_EVEN, dK/dV's QUERIES_EVEN (both sides whole)
-    whole = loop % block_loop == 0 and (not keys or tile % block_tile == 0)
-    if not band.sides and whole:
+    (kernels/fwd.py, bwd.py: EDGES; `loop` positions in blocks of `block` along the kernel's loop, keys
+    for the forward, queries for dK/dV): where its one warp-specialised loop would mask every block (a band,
+    or not `whole`: the kernel's own KEYS_EVEN / QUERIES_EVEN; Triton 3.6's pass takes neither a second
+    loop nor a branch in it), and a row's loop runs at least configs.EDGES_APART_BLOCKS blocks (the band's
+    width where both sides bound it), so that the mask saved outweighs the second launch and the float32
+    partial result between the two (configs.py: H200 measurements)."""
+    if not blocks.get("TMA") or blocks.get("SPLIT") or (not band.sides and whole):
         return False
     width = band.left + band.right + 1 if band.left >= 0 and band.right >= 0 else loop
-    return _cdiv(min(width, loop), block_loop) >= configs.EDGES_APART_BLOCKS
+    return _cdiv(min(width, loop), block) >= configs.EDGES_APART_BLOCKS
 
 
 def _edge_blocks(blocks: dict, kernel: str) -> tuple[dict, dict]:
@@ -284,7 +279,8 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
         constexprs["KEYS_EVEN"] = k.shape[1] % blocks["BLOCK_N"] == 0
     # not with a persistent grid: the float32 partial's staging takes that D 128 kernel's shared memory past an
     # SM's (sm90 cross-compile: 262 KB; tiled 230 KB, of 227 KiB)
-    edges = not programs and edges_apart(blocks, sq, k.shape[1], statics.band)
+    edges = not programs and edges_apart(blocks, k.shape[1], blocks["BLOCK_N"], statics.band,
+                                         constexprs.get("KEYS_EVEN", False))
     blocks = dict(blocks, PERSISTENT=programs > 0, EDGES=int(edges))
     if programs:
         grid = (programs, 1)
@@ -341,7 +337,7 @@ def _dkdv(run: Run, target: str, q, k, v, dout, lse2, delta, extras: Operands, s
     persistent = 0 < programs < n_blocks * b * h_kv
     grid = (programs, 1, 1) if persistent else (n_blocks, b * h_kv, 2 if blocks["SPLIT"] else 1)
     # not on the dS path: the edges' dS would need the pointer launch to store it too
-    edges = not ds and edges_apart(blocks, sq, sk, statics.band, keys=True)
+    edges = not ds and edges_apart(blocks, sq, blocks["BLOCK_M"], statics.band, blocks.get("QUERIES_EVEN", False))
     scalars, constexprs = _common(q, k, statics)
     inputs = dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,
                   Delta=delta, batch=b, **scalars)
