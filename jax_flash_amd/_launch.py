@@ -221,7 +221,10 @@ def edges_apart(blocks: dict, loop: int, block: int, band: rules.Band, whole: bo
     or not `whole`: the kernel's own KEYS_EVEN / QUERIES_EVEN; Triton 3.6's pass takes neither a second
     loop nor a branch in it), and a row's loop runs at least configs.EDGES_APART_BLOCKS blocks (the band's
     width where both sides bound it), so that the mask saved outweighs the second launch and the float32
-    partial result between the two (configs.py: H200 measurements)."""
+    partial result between the two (configs.py: H200 measurements). The edge launches rely on what a TMA
+    row implies (_takes_tma: no dropout, fp8 or segment ids, whose partial would carry keep_scale, lse's fp8
+    shift or a mask on every block) and on no SPLIT; attn_fwd asserts it too (attn_bwd_dkdv does not: that
+    assert moved the H200-tested kernel's shared-memory layout)."""
     if not blocks.get("TMA") or blocks.get("SPLIT") or (not band.sides and whole):
         return False
     width = band.left + band.right + 1 if band.left >= 0 and band.right >= 0 else loop

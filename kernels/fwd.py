@@ -157,8 +157,8 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
             block, bh = persistent_tile(r, n_m, batch * H)
             _fwd_tile(block * BLOCK_M, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges,
                       QDescale, KDescale, VDescale, Positions, Part, PartLse, sm_scale, softcap, keep_scale, seq_q,
-                      seq_k, lo_off, hi_off, Out, Lse, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                      BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                      seq_k, lo_off, hi_off, Out, Lse, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
+                      BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
                       DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, POSITIONS=POSITIONS, TMA=USE_TMA,
                       WARP_SPECIALIZE=WARP_SPECIALIZE, KEYS_EVEN=KEYS_EVEN, EDGES_FIRST=EDGES_FIRST,
                       DESCRIPTORS=True, EDGES=EDGES)
@@ -167,10 +167,9 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
         start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
         _fwd_tile(start_m, tl.program_id(1), Q, K, V, Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale,
                   KDescale, VDescale, Positions, Part, PartLse, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
-                  hi_off, Out, Lse, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
-                  BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                  DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, POSITIONS=POSITIONS, TMA=USE_TMA,
-                  WARP_SPECIALIZE=WARP_SPECIALIZE,
+                  hi_off, Out, Lse, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                  BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
+                  P8_LOG2=P8_LOG2, POSITIONS=POSITIONS, TMA=USE_TMA, WARP_SPECIALIZE=WARP_SPECIALIZE,
                   KEYS_EVEN=KEYS_EVEN, EDGES_FIRST=EDGES_FIRST, DESCRIPTORS=False, EDGES=EDGES)
 
 
