@@ -4,7 +4,7 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
     python -m benchmarks.hopper_rows_sweep [OUT.json [SET,...]]    # sets: d64, window, mask, d128bwd, persistent,
                                                                    # d64persistent, d64long, windowpersistent, windowany,
                                                                    # tail, ds, dkdvpersistent, dkdvpersistent2048,
-                                                                   # d128seven, edges
+                                                                   # d128seven, edges, bm256
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -96,6 +96,13 @@ def _edges(d):
             "dkdv": [dict(dkdv, _limits=off)]}
 
 
+# 256-query forward tiles: each of the two consumer warp groups owns 128 rows (two m64 MMA chains), and every
+# K / V tile loaded serves twice the rows (sm90 cross-compile, Triton 3.6, 12 warps at 168 registers: D 128
+# 256 x 64 spills 36 bytes tiled / 236 persistent, 256 x 128 2132; D 64 256 x 64 and 256 x 128 persistent none)
+BM256 = {128: {"fwd": [_row(128, 256, 64, 4, s, ws=True, PERSISTENT=p) for s, p in ((2, 1), (2, 0), (3, 0))]},
+         64: {"fwd": [_row(64, 256, n, 4, s, ws=True, PERSISTENT=1) for n, s in ((64, 2), (128, 2), (64, 3))]}}
+
+
 # what the mask costs the D 128 TMA forward: the shipped row with every block masked
 MASK_PROBE = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, KEYS_EVEN=False)]}
 
@@ -126,6 +133,8 @@ SETS = {
     "edges": [((b, n, h, d), True, (-1, -1), _edges(d)) for d, h in ((64, 32), (128, 16))
               for b, n in ((16, 1024), (8, 2048), (4, 4096), (1, 16384))]
              + [((1, 16384, 16, 128), True, (1024, 0), _edges(128))],
+    "bm256": [((16384 // n, n, h, d), causal, (-1, -1), BM256[d]) for d, h in ((128, 16), (64, 32))
+              for n in (1024, 4096, 16384) for causal in (False, True)],
     "ds": [((4, 4096, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)]
           + [((4, 4096, 32, 64), causal, (-1, -1), DS_D64) for causal in (False, True)],
 }
