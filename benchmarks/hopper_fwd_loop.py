@@ -31,6 +31,8 @@ import triton
 import triton.language as tl
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from jax_flash_amd.kernels.masking import element_tiles
+
 triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 # EXP: how the softmax's 2^x is taken
@@ -109,10 +111,9 @@ def fwd(Q, K, V, Out, seq, sm_scale, H: tl.constexpr, D: tl.constexpr, BM: tl.co
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    rows = (b + 1) * seq
-    qd = tl.make_tensor_descriptor(Q, shape=[rows, H * D], strides=[H * D, 1], block_shape=[BM, D])
-    kd = tl.make_tensor_descriptor(K, shape=[rows, H * D], strides=[H * D, 1], block_shape=[BN, D])
-    vd = tl.make_tensor_descriptor(V, shape=[rows, H * D], strides=[H * D, 1], block_shape=[BN, D])
+    qd = element_tiles(Q, b, seq, H * D, BM, D)
+    kd = element_tiles(K, b, seq, H * D, BN, D)
+    vd = element_tiles(V, b, seq, H * D, BN, D)
     row0 = b * seq
     col = h * D
     q = qd.load([row0 + start_m, col])
