@@ -3,7 +3,7 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
 
     python -m benchmarks.hopper_rows_sweep [OUT.json [SET,...]]    # sets: d64, window, mask, d128bwd, persistent,
                                                                    # d64persistent, d64long, windowpersistent, windowany,
-                                                                   # tail, ds, dkdvpersistent, dkdvpersistent2048,
+                                                                   # tail, ds, dkdvpersistent, dkdvpersistent2048, wsfallback,
                                                                    # d128seven, edges, bm256
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
@@ -103,6 +103,19 @@ BM256 = {128: {"fwd": [_row(128, 256, 64, 4, s, ws=True, PERSISTENT=p) for s, p 
          64: {"fwd": [_row(64, 256, n, 4, s, ws=True, PERSISTENT=1) for n, s in ((64, 2), (128, 2), (64, 3))]}}
 
 
+# the rows without warp specialisation that replace (D 64) or back (D 128) the warp-specialised dK/dV rows, which
+# returned NaN under contention and compute-sanitizer with lse / delta through 1-D descriptors (NOTES "Tenth
+# session"; benchmarks/hopper_ws_sanitizer_probe.py), against the defaults
+def _pointer_dkdv(d):
+    return next(r for r in configs.TARGETS["sm90"]["dkdv"] if not r.get("TMA") and r["max_block_d"] >= d)
+
+
+WS_FALLBACK = {64: {"dkdv": [configs._SM90_DKDV64_TMA, dict(configs._SM90_DKDV64_TMA, PERSISTENT=0)]},
+               128: {"dkdv": [dict(configs._SM90_DKDV_TMA, WARP_SPECIALIZE=False, num_warps=8),
+                              dict(configs._SM90_DKDV_TMA, WARP_SPECIALIZE=False, num_warps=8, DS=False),
+                              _pointer_dkdv(128)]}}
+
+
 # what the mask costs the D 128 TMA forward: the shipped row with every block masked
 MASK_PROBE = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, KEYS_EVEN=False)]}
 
@@ -135,6 +148,8 @@ SETS = {
              + [((1, 16384, 16, 128), True, (1024, 0), _edges(128))],
     "bm256": [((16384 // n, n, h, d), causal, (-1, -1), BM256[d]) for d, h in ((128, 16), (64, 32))
               for n in (1024, 4096, 16384) for causal in (False, True)],
+    "wsfallback": [((16384 // n, n, 2048 // d, d), causal, (-1, -1), WS_FALLBACK[d]) for d in (64, 128)
+                   for n in (1024, 4096, 16384) for causal in (False, True)],
     "ds": [((4, 4096, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)]
           + [((4, 4096, 32, 64), causal, (-1, -1), DS_D64) for causal in (False, True)],
 }

@@ -1,14 +1,21 @@
 """Reproducer of the warp-specialised dK/dV kernels' non-finite gradients (issue 19; benchmarks/results/NOTES.md,
-"Ninth session"): one backward with a chosen D 64 dK/dV row, printing how many dQ / dK / dV values are
-non-finite and in which (batch element, 128-key block). Needs a Hopper GPU. Without a sanitizer every row is
-right; under compute-sanitizer (any tool, even with no kernel instrumented) the warp-specialised rows return
-non-finite dK and dV on every call, the same TMA row without warp specialisation does not:
+"Ninth session" and "Tenth session"): repeated forward + backward calls with chosen sm90 rows, each call's
+outputs checked for non-finite values and compared bit for bit with the first call's (the kernels are
+deterministic). Needs a Hopper GPU.
 
-    compute-sanitizer --tool racecheck --kernel-name kns=no_such_kernel \\
-        python -m benchmarks.hopper_ws_sanitizer_probe ROW [N [REPEATS [causal|full [alibi|noalibi]]]]
+    [compute-sanitizer --tool racecheck --kernel-name kns=no_such_kernel] \
+        python -m benchmarks.hopper_ws_sanitizer_probe ROW [N [REPEATS [causal|full [alibi|noalibi [D]]]]]
 
-ROW: shipped (configs._SM90_DKDV64_TMA), s3 (3 stages), 64x128 (64-query blocks), nows (no warp specialisation,
-8 warps)."""
+With lse and delta through 1-D TMA descriptors (the kernels up to commit 7947690) the warp-specialised dK/dV
+rows failed two ways: under compute-sanitizer (racecheck, even with no kernel instrumented; not memcheck,
+synccheck or initcheck) every call returned NaN (D 64 and D 128); and with 16 such processes at once on one GPU,
+without a sanitizer, the D 64 row returned NaN in 42 of 600 calls. With lse and delta through pointers the D 128
+row passes both; the D 64 one no longer compiles (Triton 3.6), so D 64 ships without warp specialisation.
+
+ROW: default (the rows that ship: kernels/configs.py), ws (the warp-specialised dK/dV row of D: D 128's shipped
+row, D 64's, which shipped until the tenth session), s3 (it at 3 stages), 64x128 (it with 64-query blocks), nows
+(it without warp specialisation, 8 warps), fwd (the warp-specialised forward row, one program per tile, with
+dK/dV's pointer row), fwd-persistent (the same, persistent where balanced)."""
 import sys
 
 import jax
@@ -20,9 +27,18 @@ from jax_flash_amd.kernels import configs
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
 
-ROWS = {"shipped": configs._SM90_DKDV64_TMA, "s3": dict(configs._SM90_DKDV64_TMA, num_stages=3),
-        "64x128": dict(configs._SM90_DKDV64_TMA, BLOCK_M=64),
-        "nows": dict(configs._SM90_DKDV64_TMA, WARP_SPECIALIZE=False, num_warps=8)}
+
+def rows(name: str, d: int) -> dict:
+    """{kernel: row} of ROW name at head dim d."""
+    # the warp-specialised dK/dV row of d (D 64: not shipped; with lse / delta through pointers, as now, Triton
+    # 3.6's warp-specialisation pass asserts on it, so it no longer compiles)
+    dkdv = dict(configs._SM90_DKDV64_TMA, WARP_SPECIALIZE=True, num_warps=4) if d <= 64 else configs._SM90_DKDV_TMA
+    pointer = next(r for r in configs.TARGETS["sm90"]["dkdv"] if not r.get("TMA") and r["max_block_d"] >= d)
+    return {"default": None, "ws": {"dkdv": dkdv}, "s3": {"dkdv": dict(dkdv, num_stages=3)},
+            "64x128": {"dkdv": dict(dkdv, BLOCK_M=64)},
+            "nows": {"dkdv": dict(dkdv, WARP_SPECIALIZE=False, num_warps=8)},
+            "fwd": {"fwd": dict(configs._SM90_FWD_TMA, PERSISTENT=0), "dkdv": pointer},
+            "fwd-persistent": {"fwd": configs._SM90_FWD_TMA, "dkdv": pointer}}[name]
 
 
 def main(argv):
@@ -31,25 +47,42 @@ def main(argv):
     repeats = int(argv[2]) if len(argv) > 2 else 1
     causal = (argv[3] if len(argv) > 3 else "causal") == "causal"
     alibi = (argv[4] if len(argv) > 4 else "alibi") == "alibi"
-    b, h, d = 2, 4, 64  # the shape of the GPU test that failed once (tests/test_sm90.py)
+    d = int(argv[5]) if len(argv) > 5 else 64
+    b, h = 2, 4  # the shape of the GPU test that failed once (tests/test_sm90.py)
     keys = jax.random.split(jax.random.key(d + n), 4)
     q, k, v, do = (jax.random.normal(x, (b, n, h, d), jnp.bfloat16) for x in keys)
     extras = Operands(slopes=jax.random.uniform(jax.random.key(1), (b, h), jnp.float32, 0.01, 0.5) if alibi else None)
     statics = _launch.Statics(d ** -0.5, Band.of(causal, (-1, -1), n, n))
     dlse = jnp.zeros((b, h, n), jnp.float32)
+    chosen = rows(name, d)
 
     @jax.jit
-    def grads(q, k, v, do):
-        out, lse = _launch.forward(_triton.run, "sm90", q, k, v, extras, statics=statics)
-        return _launch.backward(_triton.run, "sm90", q, k, v, out, lse, do, dlse, extras, statics=statics,
-                                rows={"dkdv": ROWS[name]})
+    def call(q, k, v, do):
+        out, lse = _launch.forward(_triton.run, "sm90", q, k, v, extras, statics=statics, rows=chosen)
+        return (out, lse) + _launch.backward(_triton.run, "sm90", q, k, v, out, lse, do, dlse, extras,
+                                             statics=statics, rows=chosen)
 
+    label = f"{name} D {d} N {n} {'causal' if causal else 'full'} {'alibi' if alibi else 'noalibi'}"
+    names = ("out", "lse", "dq", "dk", "dv")
+    first, failed = None, 0
     for rep in range(repeats):
+        got = [np.asarray(x, np.float32) for x in call(q, k, v, do)]
+        first = got if first is None else first
         bad = {}
-        for grad, x in zip(("dq", "dk", "dv"), grads(q, k, v, do)):
-            where = np.argwhere(~np.isfinite(np.asarray(x, np.float32)))
-            bad[grad] = (len(where), sorted({(int(i[0]), int(i[1]) // 128) for i in where}))
-        print(name, n, "causal" if causal else "full", "alibi" if alibi else "noalibi", rep, bad, flush=True)
+        for what, x, x0 in zip(names, got, first):
+            where = np.argwhere(~np.isfinite(x))  # (batch, row, head, column) for out / dq / dk / dv
+            differ = int((x.view(np.int32) != x0.view(np.int32)).sum())
+            if len(where) or differ:  # the pattern: how many, which (batch, 128-row block)s, heads, rows, columns
+                pattern = f"non-finite {len(where)} (nan {int(np.isnan(x).sum())}), differ from call 0 {differ}"
+                if len(where) and x.ndim == 4:
+                    pattern += (f", blocks {sorted({(int(i[0]), int(i[1]) // 128) for i in where})} heads "
+                                f"{len(set(where[:, 2]))} rows {len({(i[0], i[1]) for i in where})} columns "
+                                f"{len(set(where[:, 3]))}")
+                bad[what] = pattern
+        failed += bool(bad)
+        if bad or repeats == 1:
+            print(label, "call", rep, bad or "finite", flush=True)
+    print(label, f"calls {repeats}, wrong {failed}", flush=True)
 
 
 if __name__ == "__main__":

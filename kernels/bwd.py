@@ -12,8 +12,9 @@ program owns one key/value head and sums over the H // KV_H query heads that rea
 still no atomics).
 Dropout (dropout.py) regenerates the forward's keep mask: with Pd = P * keep * keep_scale,
 dV = Pd^T dO and dS = P * (keep * keep_scale * dO V^T - delta).
-Hopper (TMA config rows): dQ reads K and V through TMA descriptors; dK/dV reads every tile through them and
-runs its query blocks in one warp-specialised loop (_dkdv_tma_program); PERSISTENT rows: one program per SM
+Hopper (TMA config rows): dQ reads K and V through TMA descriptors; dK/dV reads every tile through them (lse
+and delta through pointers) and runs its query blocks in one loop, warp-specialised where the row says
+(_dkdv_tma_program); PERSISTENT rows: one program per SM
 looping over key blocks (which calls: jax_flash_amd/_launch.py _dkdv).
 The dS path (Hopper rows with DS, _launch.backward: where its workspace fits configs.DS_WORKSPACE_BYTES):
 dK/dV also stores each tile's dS^T (16-bit, as dK's product reads it) to a workspace, and attn_bwd_dq_ds
@@ -120,7 +121,7 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
 
 
 @triton.jit
-def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, b, h, start_m, start_n, offs_n, seq_q,
+def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h, start_m, start_n, offs_n, seq_q,
                     seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, k_ids, ds_desc, ds_rows,
                     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
@@ -129,11 +130,13 @@ def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, b, h, s
     STORE_DS: dS^T to ds_desc, ds_rows rows per (batch, head) (ds_tiles)."""
     q = q_desc.load([b * seq_q + start_m, h * HEAD_DIM])
     do = do_desc.load([b * seq_q + start_m, h * HEAD_DIM])
-    row = (b * H + h) * seq_q + start_m
-    lse2 = _seen(lse_desc.load([row]))
-    delta = delta_desc.load([row])
+    # lse and delta through pointers: with 1-D descriptors the warp-specialised kernels returned NaN under
+    # compute-sanitizer (every call) and under contention (D 64, a few calls in a hundred; NOTES "Tenth session")
+    row0 = (b * H + h) * seq_q
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    return _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, delta_desc, 0, offs_m, offs_n, start_m, start_n, seq_q,
+    lse2 = _lse2(Lse, row0, offs_m, seq_q)
+    delta = tl.load(Delta + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
+    return _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, start_m, start_n, seq_q,
                       seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, 0,
                       tl.zeros([BLOCK_M], tl.int32), k_ids, 1.0, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                       MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=False, DROP_THRESHOLD=0,
@@ -142,7 +145,7 @@ def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, b, h, s
 
 
 @triton.jit
-def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, Slopes, b, h_kv, lo, hi, start_n, offs_n, seq_q,
+def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, b, h_kv, lo, hi, start_n, offs_n, seq_q,
               seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, k_ids, ds_desc, ds_rows, H: tl.constexpr,
               GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
@@ -154,7 +157,7 @@ def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, Slopes, b, h_
         if ALIBI:
             slope = tl.load(Slopes + b * H + h_kv)
         for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
-            dk, dv = _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, b, h_kv, start_m, start_n,
+            dk, dv = _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h_kv, start_m, start_n,
                                      offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
                                      slope, k_ids, ds_desc, ds_rows, H=H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
                                      BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
@@ -165,7 +168,7 @@ def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, Slopes, b, h_
             slope = 0.0
             if ALIBI:
                 slope = tl.load(Slopes + b * H + h)
-            dk, dv = _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, b, h,
+            dk, dv = _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h,
                                      lo + i // GROUP * BLOCK_M, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag,
                                      pos_q, pos_k, sm_scale, softcap, slope, k_ids, ds_desc, ds_rows, H=H,
                                      HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
@@ -235,57 +238,54 @@ def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta,
                       ALIBI: tl.constexpr, POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                       QUERIES_EVEN: tl.constexpr, DS: tl.constexpr, PERSISTENT: tl.constexpr, EDGES: tl.constexpr):
     """dK and dV of one key block (PERSISTENT: of the key blocks masking.persistent_tile hands this program),
-    every tile through TMA descriptors (masking.element_tiles); Lse and Delta through 1-D ones (pointer
-    loads in the loop leave it to run at ~0.8x: H200, D 128)."""
+    every tile through TMA descriptors (masking.element_tiles), Lse and Delta through pointers (_dkdv_tma_block)."""
     if PERSISTENT:  # whole blocks only (jax_flash_amd/_launch.py): descriptors over the whole batch
-        descriptors = _dkdv_descriptors(Q, K, V, dOut, Lse, Delta, dS, batch - 1, seq_q, seq_k, H=H, KV_H=KV_H,
+        descriptors = _dkdv_descriptors(Q, K, V, dOut, dS, batch - 1, seq_q, seq_k, H=H, KV_H=KV_H,
                                         HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DS=DS)
         n_n = tl.cdiv(seq_k, BLOCK_N)
         for r in range(0, persistent_rounds(n_n * batch * KV_H)):
             block, bh = persistent_tile(r, n_n, batch * KV_H)
             # persistent_tile hands out the last block first; here the heaviest (causal) is the first
-            _dkdv_tma_tile((n_n - 1 - block) * BLOCK_N, bh, descriptors, Slopes, QueryRanges, Positions,
-                           sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, dK, dV, H=H, KV_H=KV_H,
+            _dkdv_tma_tile((n_n - 1 - block) * BLOCK_N, bh, descriptors, Lse, Delta, Slopes, QueryRanges,
+                           Positions, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, dK, dV, H=H, KV_H=KV_H,
                            HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
                            ALIBI=ALIBI, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE,
                            QUERIES_EVEN=QUERIES_EVEN, DS=DS, EDGES=EDGES)
     else:
-        descriptors = _dkdv_descriptors(Q, K, V, dOut, Lse, Delta, dS, tl.program_id(1) // KV_H, seq_q, seq_k,
+        descriptors = _dkdv_descriptors(Q, K, V, dOut, dS, tl.program_id(1) // KV_H, seq_q, seq_k,
                                         H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DS=DS)
-        _dkdv_tma_tile(tl.program_id(0) * BLOCK_N, tl.program_id(1), descriptors, Slopes, QueryRanges, Positions,
-                       sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, dK, dV, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM,
-                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+        _dkdv_tma_tile(tl.program_id(0) * BLOCK_N, tl.program_id(1), descriptors, Lse, Delta, Slopes, QueryRanges,
+                       Positions, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, dK, dV, H=H, KV_H=KV_H,
+                       HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
                        POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS,
                        EDGES=EDGES)
 
 
 @triton.jit
-def _dkdv_descriptors(Q, K, V, dOut, Lse, Delta, dS, last, seq_q, seq_k, H: tl.constexpr, KV_H: tl.constexpr,
+def _dkdv_descriptors(Q, K, V, dOut, dS, last, seq_q, seq_k, H: tl.constexpr, KV_H: tl.constexpr,
                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DS: tl.constexpr):
-    """The TMA dK/dV loop's descriptors (k, v, q, do, lse, delta, ds, ds_rows) of batch elements up to `last`:
+    """The TMA dK/dV loop's descriptors (k, v, q, do, ds, ds_rows) of batch elements up to `last`:
     a program's own element, or the whole batch for a persistent one. ds (ds_tiles) only where DS."""
     k_desc = element_tiles(K, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
     v_desc = element_tiles(V, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
     q_desc = element_tiles(Q, last, seq_q, H * HEAD_DIM, BLOCK_M, HEAD_DIM)
     do_desc = element_tiles(dOut, last, seq_q, H * HEAD_DIM, BLOCK_M, HEAD_DIM)
-    lse_desc = tl.make_tensor_descriptor(Lse, shape=[(last + 1) * H * seq_q], strides=[1], block_shape=[BLOCK_M])
-    delta_desc = tl.make_tensor_descriptor(Delta, shape=[(last + 1) * H * seq_q], strides=[1], block_shape=[BLOCK_M])
     ds_desc = dS
     ds_rows = 0
     if DS:
         ds_desc, ds_rows = ds_tiles(dS, last, seq_q, seq_k, H, BLOCK_N, BLOCK_N, BLOCK_M)
-    return k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, ds_desc, ds_rows
+    return k_desc, v_desc, q_desc, do_desc, ds_desc, ds_rows
 
 
 @triton.jit
-def _dkdv_tma_tile(start_n, bh, descriptors, Slopes, QueryRanges, Positions, sm_scale, softcap, seq_q, seq_k,
-                   lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+def _dkdv_tma_tile(start_n, bh, descriptors, Lse, Delta, Slopes, QueryRanges, Positions, sm_scale, softcap, seq_q,
+                   seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
                    ALIBI: tl.constexpr, POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                    QUERIES_EVEN: tl.constexpr, DS: tl.constexpr, EDGES: tl.constexpr):
     """dK and dV of key block start_n of (batch * KV_H) row bh, tiles through descriptors (_dkdv_descriptors);
     EDGES == 1: of the query blocks that see the whole key block only (attn_bwd_dkdv)."""
-    k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, ds_desc, ds_rows = descriptors
+    k_desc, v_desc, q_desc, do_desc, ds_desc, ds_rows = descriptors
     b = bh // KV_H
     h_kv = bh % KV_H
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -302,7 +302,7 @@ def _dkdv_tma_tile(start_n, bh, descriptors, Slopes, QueryRanges, Positions, sm_
     if EDGES == 1:
         begin = full_begin
         end = full_end
-    dk, dv = _dkdv_tma(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, Slopes, b, h_kv, begin, end, start_n,
+    dk, dv = _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, b, h_kv, begin, end, start_n,
                        offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
                        tl.zeros([BLOCK_N], tl.int32), ds_desc, ds_rows, H=H, GROUP=H // KV_H, HEAD_DIM=HEAD_DIM,
                        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,

@@ -200,7 +200,8 @@ EDGE_OPTIONS = {"fwd": dict(num_warps=8, num_stages=2), "dkdv": dict(num_warps=8
 # Backward, D 128, bf16, H200, per kernel (standalone prototypes of the same loops, 4 x 4096 x 16 / 1 x 16384
 # x 16, non-causal; causal): dK/dV 64 x 128 x 4 warps x 2 stages with every tile through TMA and the query
 # loop warp-specialised 1.63 / 6.62 ms (0.96 / 3.59) against 2.30 / 9.57 (1.22 / 4.27) for the pointer row's
-# tiles; with lse and delta pointer-loaded in the loop 2.00 / 7.71; 8 warps is not specialised (2.60);
+# tiles; with lse and delta pointer-loaded in the loop 2.00 / 7.71 (shipped since the tenth session: through 1-D
+# descriptors the warp-specialised kernels returned NaN under contention, NOTES); 8 warps is not specialised (2.60);
 # 128 x 128 and 64 x 64 2-3x slower. dQ: K and V through TMA without warp specialisation 1.33 / 5.37 ms
 # against 1.42 / 5.96 (warp-specialised 64 x 64: 2.31, 128-query tiles fail to compile in Triton 3.6).
 # DS: the dS path (kernels/bwd.py; _launch.backward, where DS_WORKSPACE_BYTES allows): dK/dV also stores dS^T,
@@ -235,7 +236,13 @@ _SM90_DQ_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=64, BLOCK_N=64, num
 # 2 x 512 x 4, 5 and 13 programs; Triton 3.6) though it matched the tiled row in the sweep (N 1024: 0.882 /
 # 0.917 ms, causal 0.613 / 0.680; N 4096 2.99 / 2.92 with 80-112 bytes of spills), so _launch._dkdv runs
 # the dS path tiled whatever the row says.
-_SM90_DKDV64_TMA = dict(_SM90_DKDV_TMA, max_block_d=64, min_block_d=64, BLOCK_M=128, DS=False, PERSISTENT=1)
+# Not shipped since the tenth session, a candidate only: warp-specialised, this row returned NaN dK and dV in 42 of
+# 600 calls with 16 processes sharing the H200, and in every call under compute-sanitizer (NOTES "Tenth session",
+# benchmarks/hopper_ws_sanitizer_probe.py); with lse and delta through pointers (which cured the D 128 row) Triton
+# 3.6's warp-specialisation pass asserts. Without warp specialisation (8 warps) it is right under both; D 64 takes
+# the pointer row.
+_SM90_DKDV64_TMA = dict(_SM90_DKDV_TMA, max_block_d=64, min_block_d=64, BLOCK_M=128, DS=False, PERSISTENT=1,
+                        WARP_SPECIALIZE=False, num_warps=8)
 _SM90_DQ64_TMA = dict(_SM90_DQ_TMA, max_block_d=64, min_block_d=64, num_stages=3)
 
 
@@ -256,7 +263,7 @@ def _sm90(rows, *tma_rows):
 
 
 _SM90_TARGET = {**_CUDA_TARGET, "fwd": _sm90(_CUDA["fwd"], _SM90_FWD_TMA, _SM90_FWD64_TMA),
-                "dkdv": _sm90(_CUDA["dkdv"], _SM90_DKDV_TMA, _SM90_DKDV64_TMA),
+                "dkdv": _sm90(_CUDA["dkdv"], _SM90_DKDV_TMA),
                 # grouped heads: the same row at D 128 (32 query / 8 key-value heads: backward 0.96-0.97x MHA's,
                 # H200); D 64 not measured with GQA
                 "dkdv+gqa": _sm90(_CUDA_TARGET["dkdv+gqa"], _SM90_DKDV_TMA),
