@@ -27,7 +27,7 @@ through split and join (ws-split4, ws-split2) and two key blocks per iteration (
 ws-f16x2 / ws-bf16x2 take the exponent to f16 / bf16 and ex2 two at a time in PTX (ptxas still issues one MUFU per
 element). Case names on the command line run only those cases.
 
-H200 (NOTES "Tenth session"): overlap, overlap-s3 and peeled run at 0.67-0.83x cuDNN against ws's 0.79-0.92x (the
+H200 (NOTES "Tenth session"): overlap, overlap-s3, peeled and overlap-ws run at 0.70-0.87x cuDNN against ws's 0.81-0.92x (the
 dummy block of overlap gives NaN at D 64: a prototype's defect, peeled is right); at D 64 ws-noexp reaches
 0.96-1.03x, ws-asm1 gains 2-3 %, ws-bf16x2 0-3 %, ws-poly and ws-f16x2 lose."""
 import sys

@@ -86,7 +86,8 @@ DKDV_PERSISTENT = {"dkdv": [dict(configs._SM90_DKDV64_TMA, PERSISTENT=p) for p i
 D128_SEVEN_PERSISTENT = {"dkdv": [dict(configs._SM90_DKDV_TMA, DS=False, PERSISTENT=p) for p in (0, 1)],
                          "_limits": dict(PERSISTENT_BALANCE=float("inf"), DS_WORKSPACE_BYTES=0)}
 # the band's edge blocks in a launch of their own (configs.EDGES_APART_BLOCKS; kernels/fwd.py, bwd.py EDGES):
-# the shipped rows with them in the one loop again (as before), and the forward's TMA rows tiled with them apart
+# the TMA rows with them in the one loop again (as before; D 64 dK/dV: its candidate row, the shipped one until the
+# tenth session warp-specialised), and the forward's TMA rows tiled with them apart
 # (persistent forwards keep them in: _launch.forward); a row's "_limits" hold while that row runs
 def _edges(d):
     fwd = configs._SM90_FWD_TMA if d == 128 else configs._SM90_FWD64_TMA

@@ -1,10 +1,10 @@
 """Reproducer of the warp-specialised dK/dV kernels' non-finite gradients (issue 19; benchmarks/results/NOTES.md,
 "Ninth session" and "Tenth session"): repeated forward + backward calls with chosen sm90 rows, each call's
 outputs checked for non-finite values and compared bit for bit with the first call's (the kernels are
-deterministic). Needs a Hopper GPU.
+deterministic); batch 2, H heads (4), exits 1 if a call was wrong. Needs a Hopper GPU.
 
     [compute-sanitizer --tool racecheck --kernel-name kns=no_such_kernel] \
-        python -m benchmarks.hopper_ws_sanitizer_probe ROW [N [REPEATS [causal|full [alibi|noalibi [D]]]]]
+        python -m benchmarks.hopper_ws_sanitizer_probe ROW [N [REPEATS [causal|full [alibi|noalibi [D [H]]]]]]
 
 With lse and delta through 1-D TMA descriptors (the kernels up to commit 7947690) the warp-specialised dK/dV
 rows failed two ways: under compute-sanitizer (racecheck, even with no kernel instrumented; not memcheck,
@@ -15,7 +15,7 @@ row passes both; the D 64 one no longer compiles (Triton 3.6), so D 64 ships wit
 ROW: default (the rows that ship: kernels/configs.py), ws (the warp-specialised dK/dV row of D: D 128's shipped
 row, D 64's, which shipped until the tenth session), s3 (it at 3 stages), 64x128 (it with 64-query blocks), nows
 (it without warp specialisation, 8 warps), fwd (the warp-specialised forward row, one program per tile, with
-dK/dV's pointer row), fwd-persistent (the same, persistent where balanced)."""
+dK/dV's pointer row; the D 128 row's tiles at any D), fwd-persistent (the same, persistent where balanced)."""
 import sys
 
 import jax
@@ -48,7 +48,8 @@ def main(argv):
     causal = (argv[3] if len(argv) > 3 else "causal") == "causal"
     alibi = (argv[4] if len(argv) > 4 else "alibi") == "alibi"
     d = int(argv[5]) if len(argv) > 5 else 64
-    b, h = 2, 4  # the shape of the GPU test that failed once (tests/test_sm90.py)
+    h = int(argv[6]) if len(argv) > 6 else 4
+    b = 2  # 2 x 300 x 4: the shape of the GPU test that failed once (tests/test_sm90.py)
     keys = jax.random.split(jax.random.key(d + n), 4)
     q, k, v, do = (jax.random.normal(x, (b, n, h, d), jnp.bfloat16) for x in keys)
     extras = Operands(slopes=jax.random.uniform(jax.random.key(1), (b, h), jnp.float32, 0.01, 0.5) if alibi else None)
@@ -62,7 +63,7 @@ def main(argv):
         return (out, lse) + _launch.backward(_triton.run, "sm90", q, k, v, out, lse, do, dlse, extras,
                                              statics=statics, rows=chosen)
 
-    label = f"{name} D {d} N {n} {'causal' if causal else 'full'} {'alibi' if alibi else 'noalibi'}"
+    label = f"{name} D {d} H {h} N {n} {'causal' if causal else 'full'} {'alibi' if alibi else 'noalibi'}"
     names = ("out", "lse", "dq", "dk", "dv")
     first, failed = None, 0
     for rep in range(repeats):
@@ -83,6 +84,7 @@ def main(argv):
         if bad or repeats == 1:
             print(label, "call", rep, bad or "finite", flush=True)
     print(label, f"calls {repeats}, wrong {failed}", flush=True)
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

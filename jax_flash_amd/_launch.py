@@ -139,9 +139,11 @@ def _takes_tma(q, statics: Statics, extras: Operands) -> bool:
 
 
 def _dkdv_takes_tma(q, statics: Statics, extras: Operands) -> bool:
-    """_takes_tma, and what the dK/dV kernel's 1-D descriptors over lse and delta ((batch, heads, seq_q)
-    float32) need: every block to start 16-byte aligned (seq_q a multiple of 4) at an int32 coordinate.
-    Not with softcap: its tanh chain spills in the warp-specialised loop (sm90 ptxas: 288-1132 bytes at
+    """_takes_tma, with seq_q a multiple of 4 and (batch * heads * seq_q) below 2^31: the kernel addresses lse
+    and delta ((batch, heads, seq_q) float32) by int32 row offsets. (seq_q % 4 was what its 1-D descriptors
+    over them needed, 16-byte aligned blocks; they went in the tenth session, NOTES, and the rule stays: other
+    lengths have not run the TMA dK/dV rows on the GPU, and the 2-D tiles that may replace the pointer loads
+    need it.) Not with softcap: its tanh chain spills in the warp-specialised loop (sm90 ptxas: 288-1132 bytes at
     168 registers per thread), and that kernel returned non-finite dK on the H200 (tests/test_sm90.py,
     ragged causal) with the same PTX that had passed there before: a race in Triton 3.6's code, not in
     the math."""

@@ -287,7 +287,7 @@ TARGETS = {
     "cuda": _CUDA_TARGET,
     # Hopper (sm90: H100/H200): the CUDA rows, but 16-bit calls at D 33-128 through TMA descriptors, the
     # forward and dK/dV with warp specialisation (at D 33-64 the forward only where it runs persistent and,
-    # causal, up to 1024 queries) (kernels/fwd.py, bwd.py;
+    # causal, up to 1024 queries, and dK/dV not at all: its pointer row) (kernels/fwd.py, bwd.py;
     # which calls: jax_flash_amd/_launch.py _takes_tma). tests/test_sm90.py runs every TMA row on the GPU.
     "sm90": _SM90_TARGET,
     "gfx90a": _hip("gfx90a"),  # MI200: 64 KiB LDS

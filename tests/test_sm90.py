@@ -285,7 +285,7 @@ def test_tma_path_as_a_block_of_a_larger_call(case, monkeypatch):
 def test_which_calls_take_the_tma_rows(case, takes):
     """sm90's rows with TMA serve 16-bit, power-of-two heads without dropout or segment ids; other calls
     get the pointer rows (the TMA loops do not compile with those, or need whole-tile heads). dK/dV's also
-    needs seq_q a multiple of 4 (its lse / delta descriptors) and no softcap (it spills there)."""
+    needs seq_q a multiple of 4 (_launch._dkdv_takes_tma) and no softcap (it spills there)."""
     d = 96 if case == "d96" else 128
     dtype = jnp.float32 if case == "float32" else jnp.bfloat16
     seq = 255 if case == "odd-seq" else 256
@@ -603,7 +603,7 @@ def test_persistent_dkdv_equals_one_program_per_tile(case, path, monkeypatch):
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
-# the rows that ship persistent (the D 128 dS row returned NaN persistent: configs.py)
+# the persistent TMA dK/dV rows (the D 64 candidate; the D 128 dS row returned NaN persistent: configs.py)
 @pytest.mark.parametrize("row", [r for kernel, r in ROWS if kernel == "dkdv" and r.get("PERSISTENT")],
                          ids=lambda r: _id(("dkdv", r)))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -611,8 +611,8 @@ def test_persistent_dkdv_equals_one_program_per_tile(case, path, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_every_sm90_dkdv_row_persistent(row, causal, variant, monkeypatch):
-    """Every persistent sm90 TMA dK/dV row, over 5 and 13 programs (each loops over several key blocks,
-    a warp-specialised query loop inside the tile loop), against float64."""
+    """Every persistent sm90 TMA dK/dV row, over 5 and 13 programs (each loops over several key blocks, its
+    query loop inside the tile loop), against float64."""
     args, slopes, statics, ref, base = _persistent_case(row["max_block_d"], causal, variant, seed=9)
     monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))  # persistent whatever the schedule
     rows = {"dkdv": row}
@@ -644,16 +644,21 @@ def test_every_sm90_dkdv_row_persistent(row, causal, variant, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_shipped_rows_under_contention(d):
-    """8 processes at once, each 40 forward + backward calls of the shipped rows (2 x 300 x 4, causal, ALiBi): every
-    call finite and bit for bit the first call's (the kernels are deterministic)."""
+    """8 processes at once, each 40 forward + backward calls of the shipped rows, every call finite and bit for bit
+    the first call's (the kernels are deterministic): D 128 2 x 300 x 4, causal, ALiBi (the warp-specialised
+    forward and dK/dV); D 64 2 x 1024 x 32, full (the warp-specialised forward, persistent; dK/dV's pointer row)."""
     if _triton.target() != "sm90":
         pytest.skip("needs a Hopper GPU")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    command = [sys.executable, "-m", "benchmarks.hopper_ws_sanitizer_probe", "default", "300", "40", "causal",
-               "alibi", str(d)]
+    shape = ["300", "40", "causal", "alibi", "128", "4"] if d == 128 else ["1024", "40", "full", "noalibi", "64", "32"]
+    command = [sys.executable, "-m", "benchmarks.hopper_ws_sanitizer_probe", "default", *shape]
     procs = [subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(8)]
-    outputs = [p.communicate(timeout=900)[0] for p in procs]
+    try:
+        outputs = [p.communicate(timeout=900)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
     for p, output in zip(procs, outputs):
         assert p.returncode == 0 and "calls 40, wrong 0" in output, output[-3000:]
 
