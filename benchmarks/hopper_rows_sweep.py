@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_flash_amd import _launch, _triton
+from jax_flash_amd._config_choice import pick_config
 from jax_flash_amd.kernels import configs
 from jax_flash_amd.rules import Band
 from jax_flash_amd.timing import median_seconds
@@ -107,14 +108,16 @@ BM256 = {128: {"fwd": [_row(128, 256, 64, 4, s, ws=True, PERSISTENT=p) for s, p 
 # the rows without warp specialisation that replace (D 64) or back (D 128) the warp-specialised dK/dV rows, which
 # returned NaN under contention and compute-sanitizer with lse / delta through 1-D descriptors (NOTES "Tenth
 # session"; benchmarks/hopper_ws_sanitizer_probe.py), against the defaults
-def _pointer_dkdv(d):
-    return next(r for r in configs.TARGETS["sm90"]["dkdv"] if not r.get("TMA") and r["max_block_d"] >= d)
+def pointer_dkdv(d):
+    """sm90's dK/dV row for a bf16 call at head dim d that cannot take TMA (pick_config's choice), as a row."""
+    blocks, options = pick_config("sm90", "dkdv", d, jnp.bfloat16, tma=False)
+    return {**blocks, **options}
 
 
 WS_FALLBACK = {64: {"dkdv": [configs._SM90_DKDV64_TMA, dict(configs._SM90_DKDV64_TMA, PERSISTENT=0)]},
                128: {"dkdv": [dict(configs._SM90_DKDV_TMA, WARP_SPECIALIZE=False, num_warps=8),
                               dict(configs._SM90_DKDV_TMA, WARP_SPECIALIZE=False, num_warps=8, DS=False),
-                              _pointer_dkdv(128)]}}
+                              pointer_dkdv(128)]}}
 
 
 # what the mask costs the D 128 TMA forward: the shipped row with every block masked

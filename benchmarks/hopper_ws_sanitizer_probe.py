@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.hopper_rows_sweep import pointer_dkdv
 from jax_flash_amd import _launch, _triton
 from jax_flash_amd.kernels import configs
 from jax_flash_amd.operands import Operands
@@ -33,7 +34,7 @@ def rows(name: str, d: int) -> dict:
     # the warp-specialised dK/dV row of d (D 64: not shipped; with lse / delta through pointers, as now, Triton
     # 3.6's warp-specialisation pass asserts on it, so it no longer compiles)
     dkdv = dict(configs._SM90_DKDV64_TMA, WARP_SPECIALIZE=True, num_warps=4) if d <= 64 else configs._SM90_DKDV_TMA
-    pointer = next(r for r in configs.TARGETS["sm90"]["dkdv"] if not r.get("TMA") and r["max_block_d"] >= d)
+    pointer = pointer_dkdv(d)
     return {"default": None, "ws": {"dkdv": dkdv}, "s3": {"dkdv": dict(dkdv, num_stages=3)},
             "64x128": {"dkdv": dict(dkdv, BLOCK_M=64)},
             "nows": {"dkdv": dict(dkdv, WARP_SPECIALIZE=False, num_warps=8)},
