@@ -121,6 +121,18 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
 
 
 @triton.jit
+def _query_tiles(q_desc, do_desc, row, col):
+    """The q and dO tiles at (row, col) of their descriptors."""
+    return q_desc.load([row, col]), do_desc.load([row, col])
+
+
+@triton.jit
+def _rows(Lse, Delta, row0, offs_m, seq_q):
+    """(_seen lse, delta) of rows offs_m of the (batch, head) whose rows start at row0."""
+    return _lse2(Lse, row0, offs_m, seq_q), tl.load(Delta + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
+
+
+@triton.jit
 def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h, start_m, start_n, offs_n, seq_q,
                     seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, k_ids, ds_desc, ds_rows,
                     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -128,14 +140,19 @@ def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h, start_m, st
                     POSITIONS: tl.constexpr, STORE_DS: tl.constexpr):
     """_dkdv_tile of query block start_m of head h, its tiles from the descriptors (_dkdv_tma_program);
     STORE_DS: dS^T to ds_desc, ds_rows rows per (batch, head) (ds_tiles)."""
-    q = q_desc.load([b * seq_q + start_m, h * HEAD_DIM])
-    do = do_desc.load([b * seq_q + start_m, h * HEAD_DIM])
-    # lse and delta through pointers: with 1-D descriptors the warp-specialised kernels returned NaN under
-    # compute-sanitizer (every call) and under contention (D 64, a few calls in a hundred; NOTES "Tenth session")
+    # lse and delta through pointers: through TMA (a third tile per iteration) the warp-specialised kernels
+    # returned NaN under compute-sanitizer and under contention (NOTES "Tenth session" to "Twelfth session")
     row0 = (b * H + h) * seq_q
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    lse2 = _lse2(Lse, row0, offs_m, seq_q)
-    delta = tl.load(Delta + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
+    if MASKED:
+        q, do = _query_tiles(q_desc, do_desc, b * seq_q + start_m, h * HEAD_DIM)
+        lse2, delta = _rows(Lse, Delta, row0, offs_m, seq_q)
+    else:
+        # loaded before the tiles, their loads come before the consumer warps' waits for q and dO, so their
+        # latency overlaps the waits (H200, D 128: the backward 5-7 % faster; masked, 64 more bytes of spills
+        # made it 25-30 % slower: NOTES "Twelfth session")
+        lse2, delta = _rows(Lse, Delta, row0, offs_m, seq_q)
+        q, do = _query_tiles(q_desc, do_desc, b * seq_q + start_m, h * HEAD_DIM)
     return _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, start_m, start_n, seq_q,
                       seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, 0,
                       tl.zeros([BLOCK_M], tl.int32), k_ids, 1.0, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,

@@ -640,17 +640,20 @@ def test_every_sm90_dkdv_row_persistent(row, causal, variant, monkeypatch):
 # the shipped rows with other processes on the GPU: the warp-specialised dK/dV kernels with lse and delta through
 # 1-D descriptors passed every test alone but returned NaN in 42 of 600 calls with 16 processes sharing the H200
 # (benchmarks/hopper_ws_sanitizer_probe.py, NOTES "Tenth session")
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("shape", [
+    ["300", "40", "causal", "alibi", "128", "4"],  # D 128: the warp-specialised forward and dK/dV, masked
+    ["256", "40", "full", "noalibi", "128", "4"],  # the same unmasked (whole blocks: lse / delta loaded first)
+    ["1024", "40", "full", "noalibi", "64", "32"],  # D 64: the persistent warp-specialised forward; dK/dV's pointer row
+], ids=["d128-masked", "d128-unmasked", "d64"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-def test_shipped_rows_under_contention(d):
-    """8 processes at once, each 40 forward + backward calls of the shipped rows, every call finite and bit for bit
-    the first call's (the kernels are deterministic): D 128 2 x 300 x 4, causal, ALiBi (the warp-specialised
-    forward and dK/dV); D 64 2 x 1024 x 32, full (the warp-specialised forward, persistent; dK/dV's pointer row)."""
+def test_shipped_rows_under_contention(shape):
+    """8 processes at once, each 40 forward + backward calls of the shipped rows (batch 2; N, calls, mask, ALiBi,
+    D, H as `shape` gives them to the probe), every call finite and bit for bit the first call's (the kernels are
+    deterministic)."""
     if _triton.target() != "sm90":
         pytest.skip("needs a Hopper GPU")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    shape = ["300", "40", "causal", "alibi", "128", "4"] if d == 128 else ["1024", "40", "full", "noalibi", "64", "32"]
     command = [sys.executable, "-m", "benchmarks.hopper_ws_sanitizer_probe", "default", *shape]
     procs = [subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(8)]
