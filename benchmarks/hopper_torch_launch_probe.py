@@ -1,7 +1,10 @@
 """Runs the backward's launches through Triton's own launcher (torch tensors; triton.set_allocator supplies the
 global scratch of the in-kernel TMA descriptors) instead of jax-triton, to tell jaxlib's scratch and launch from
 the compiled kernel (issue 19; benchmarks/results/NOTES.md, "Twelfth session"). Needs a Hopper GPU and a CUDA
-torch. Each call's dq / dk / dv are checked for non-finite values and against dK/dV's pointer row (jax-triton).
+torch, and runs the kernels it imports: main's pass racecheck; the failing ones (lse through a TMA tile, a third
+TMA load per warp-specialised iteration) were an experiment tree run from its own directory. Each call's dq / dk
+/ dv are checked for non-finite values and against dK/dV's pointer row (jax-triton). Set
+XLA_PYTHON_CLIENT_PREALLOCATE=false, or JAX takes the memory torch needs.
 
     [compute-sanitizer --tool racecheck --kernel-name kns=no_such_kernel] \
         python -m benchmarks.hopper_torch_launch_probe SCRATCH [N [causal|full [D [H [CALLS [ROW]]]]]]
@@ -9,7 +12,7 @@ torch. Each call's dq / dk / dv are checked for non-finite values and against dK
 SCRATCH: fresh (new memory for every launch, never freed during the run), poison (the same, filled with 0xff
 bytes: a descriptor read before it is written shows), reuse (one buffer per size, as a caching allocator gives),
 jax (the launches through jax-triton, for comparison). ROW: default (kernels/configs.py), s3 (the dK/dV row at 3
-stages), nods (without the dS path). Exits 1 if a call was wrong."""
+stages), nods (without the dS path), both D 128 only. Exits 1 if a call was wrong."""
 import os
 import sys
 
@@ -23,8 +26,9 @@ from jax_flash_amd.kernels import configs
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
 
-ROWS = {"default": None, "s3": {"dkdv": dict(configs._SM90_DKDV_TMA, num_stages=3)},
+ROWS = {"default": None, "s3": {"dkdv": dict(configs._SM90_DKDV_TMA, num_stages=3)},  # D 128's row
         "nods": {"dkdv": dict(configs._SM90_DKDV_TMA, DS=False)}}
+SCRATCH = ("fresh", "poison", "reuse", "jax")
 
 
 def torch_runner(scratch: str):
@@ -33,14 +37,16 @@ def torch_runner(scratch: str):
     import triton
 
     kept, by_size = [], {}
+    os.environ["TRITON_CACHE_DIR"] = "/tmp/triton-cache"  # jax-triton 0.3.1 empties it on import
 
     def allocate(size, alignment, stream):
-        if scratch == "reuse":
-            return by_size.setdefault(size, torch.empty(size, dtype=torch.uint8, device="cuda"))
+        if scratch == "reuse" and size in by_size:
+            return by_size[size]
         t = torch.empty(size, dtype=torch.uint8, device="cuda")
         if scratch == "poison":
             t.fill_(0xFF)
         kept.append(t)
+        by_size[size] = t
         return t
 
     triton.set_allocator(allocate)
@@ -48,15 +54,14 @@ def torch_runner(scratch: str):
               jnp.dtype(jnp.float32): torch.float32, jnp.dtype(jnp.int32): torch.int32}
 
     def run(launch):
-        os.environ["TRITON_CACHE_DIR"] = "/tmp/triton-cache"  # jax-triton 0.3.1 empties it on import
+        if launch.aliases:  # in place into a JAX array's buffer: none of the backward's launches
+            raise NotImplementedError(f"{launch.kernel.__name__}: outputs aliased to inputs")
         args = [torch.from_dlpack(a.block_until_ready()) if isinstance(a, jax.Array)
                 else float(a) if isinstance(a, np.floating) else a for a in launch.args]
         outs = [torch.full(tuple(s.shape), float("nan"), dtype=dtypes[jnp.dtype(s.dtype)], device="cuda")
                 if jnp.issubdtype(s.dtype, jnp.floating)
                 else torch.zeros(tuple(s.shape), dtype=dtypes[jnp.dtype(s.dtype)], device="cuda")
                 for s in launch.out_shapes]
-        for pos, out in launch.aliases:
-            outs[out] = args[pos]
         launch.kernel[launch.grid](*args, *outs, **launch.constexprs, **launch.compile_options)
         torch.cuda.synchronize()
         return tuple(jnp.from_dlpack(o) for o in outs)
@@ -72,6 +77,9 @@ def main(argv):
     h = int(argv[4]) if len(argv) > 4 else 4
     calls = int(argv[5]) if len(argv) > 5 else 2
     row = argv[6] if len(argv) > 6 else "default"
+    if scratch not in SCRATCH or row not in ROWS or (row != "default" and d != 128):
+        sys.exit(f"SCRATCH one of {SCRATCH}, ROW one of {tuple(ROWS)} (other than default: D 128 only); "
+                 f"given {scratch}, {row}, D {d}")
     keys = jax.random.split(jax.random.key(d + n), 4)
     q, k, v, do = (jax.random.normal(x, (2, n, h, d), jnp.bfloat16) for x in keys)
     statics = _launch.Statics(d ** -0.5, Band.of(causal, (-1, -1), n, n))

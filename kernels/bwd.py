@@ -150,7 +150,7 @@ def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h, start_m, st
     else:
         # loaded before the tiles, their loads come before the consumer warps' waits for q and dO, so their
         # latency overlaps the waits (H200, D 128: the backward 5-7 % faster; masked, 64 more bytes of spills
-        # made it 25-30 % slower: NOTES "Twelfth session")
+        # made it 24-30 % slower: NOTES "Twelfth session")
         lse2, delta = _rows(Lse, Delta, row0, offs_m, seq_q)
         q, do = _query_tiles(q_desc, do_desc, b * seq_q + start_m, h * HEAD_DIM)
     return _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, start_m, start_n, seq_q,
