@@ -93,7 +93,7 @@ D128_SEVEN_PERSISTENT = {"dkdv": [dict(configs._SM90_DKDV_TMA, DS=False, PERSIST
 def _edges(d):
     fwd = configs._SM90_FWD_TMA if d == 128 else configs._SM90_FWD64_TMA
     dkdv = configs._SM90_DKDV_TMA if d == 128 else configs._SM90_DKDV64_TMA
-    off = dict(EDGES_APART_BLOCKS=1 << 30)
+    off = dict(EDGES_APART_BLOCKS=1 << 30, DS_EDGES_APART_BLOCKS=1 << 30)  # the dS path's too
     return {"fwd": [dict(fwd, _limits=off), dict(fwd, PERSISTENT=0, _limits=dict(EDGES_APART_BLOCKS=1))],
             "dkdv": [dict(dkdv, _limits=off)]}
 

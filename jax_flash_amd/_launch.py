@@ -216,21 +216,22 @@ def _tiled_finish(row_costs, rows: int, slots: int) -> float:
     return max(free)
 
 
-def edges_apart(blocks: dict, loop: int, block: int, band: rules.Band, whole: bool) -> bool:
+def edges_apart(blocks: dict, loop: int, block: int, band: rules.Band, whole: bool, ds: bool = False) -> bool:
     """Whether a call of a TMA row runs the masked blocks at its band's edges in a launch of their own
     (kernels/fwd.py, bwd.py: EDGES; `loop` positions in blocks of `block` along the kernel's loop, keys
     for the forward, queries for dK/dV): where its one warp-specialised loop would mask every block (a band,
     or not `whole`: the kernel's own KEYS_EVEN / QUERIES_EVEN; Triton 3.6's pass takes neither a second
     loop nor a branch in it), and a row's loop runs at least configs.EDGES_APART_BLOCKS blocks (the band's
-    width where both sides bound it), so that the mask saved outweighs the second launch and the float32
-    partial result between the two (configs.py: H200 measurements). The edge launches rely on what a TMA
+    width where both sides bound it; configs.DS_EDGES_APART_BLOCKS on the dS path, `ds`), so that the mask
+    saved outweighs the second launch and the float32 partial result between the two (configs.py: H200
+    measurements). The edge launches rely on what a TMA
     row implies (_takes_tma: no dropout, fp8 or segment ids, whose partial would carry keep_scale, lse's fp8
     shift or a mask on every block) and on no SPLIT; attn_fwd asserts it too (attn_bwd_dkdv does not: that
     assert moved the H200-tested kernel's shared-memory layout)."""
     if not blocks.get("TMA") or blocks.get("SPLIT") or (not band.sides and whole):
         return False
     width = band.left + band.right + 1 if band.left >= 0 and band.right >= 0 else loop
-    return _cdiv(min(width, loop), block) >= configs.EDGES_APART_BLOCKS
+    return _cdiv(min(width, loop), block) >= (configs.DS_EDGES_APART_BLOCKS if ds else configs.EDGES_APART_BLOCKS)
 
 
 def _edge_blocks(blocks: dict, kernel: str) -> tuple[dict, dict]:
@@ -341,29 +342,32 @@ def _dkdv(run: Run, target: str, q, k, v, dout, lse2, delta, extras: Operands, s
         programs = persistent_programs(blocks, target, b * h_kv, sq, sk, statics.band, keys=True)
     persistent = 0 < programs < n_blocks * b * h_kv
     grid = (programs, 1, 1) if persistent else (n_blocks, b * h_kv, 2 if blocks["SPLIT"] else 1)
-    # not on the dS path: the edges' dS would need the pointer launch to store it too
-    edges = not ds and edges_apart(blocks, sq, blocks["BLOCK_M"], statics.band, blocks.get("QUERIES_EVEN", False))
+    edges = edges_apart(blocks, sq, blocks["BLOCK_M"], statics.band, blocks.get("QUERIES_EVEN", False), ds)
     scalars, constexprs = _common(q, k, statics)
     inputs = dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,
                   Delta=delta, batch=b, **scalars)
     part = jnp.float32 if edges else None
     dk, dv, ds_out = run(_launch(
         bwd.attn_bwd_dkdv, grid=grid,
-        inputs=dict(inputs, DKPart=_placeholder(), DVPart=_placeholder()),
+        inputs=dict(inputs, DKPart=_placeholder(), DVPart=_placeholder(), DSPart=_placeholder()),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, part or k.dtype), jax.ShapeDtypeStruct(v.shape, part or v.dtype),
                     jax.ShapeDtypeStruct(ds_workspace(b, h, sq, sk, blocks["BLOCK_N"]) if ds else (1,), q.dtype)),
         constexprs={**constexprs, **blocks, "DS": ds, "PERSISTENT": persistent, "EDGES": int(edges)},
         options=options, extras=extras,
     ))
-    if edges:  # the band's edge blocks, added to those partial sums (kernels/bwd.py EDGES)
+    if edges:  # the band's edge blocks, added to those partial sums (kernels/bwd.py EDGES); on the dS path
+        # their dS tiles go into the first launch's workspace, in place
         edge, edge_options = _edge_blocks(blocks, "dkdv")
-        dk, dv, ds_out = run(_launch(
+        launch = _launch(
             bwd.attn_bwd_dkdv, grid=(n_blocks, b * h_kv, 1),
-            inputs=dict(inputs, DKPart=dk, DVPart=dv),
+            inputs=dict(inputs, DKPart=dk, DVPart=dv, DSPart=ds_out),
             out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
-                        jax.ShapeDtypeStruct((1,), q.dtype)),
-            constexprs={**constexprs, **blocks, "DS": False, **edge}, options=edge_options, extras=extras,
-        ))
+                        jax.ShapeDtypeStruct(ds_out.shape, q.dtype)),
+            constexprs={**constexprs, **blocks, "DS": ds, **edge}, options=edge_options, extras=extras,
+        )
+        if ds:
+            launch = dataclasses.replace(launch, aliases=((_params(bwd.attn_bwd_dkdv).index("DSPart"), 2),))
+        dk, dv, ds_out = run(launch)
     return dk, dv, ds_out
 
 

@@ -86,11 +86,13 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
                 H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
                 SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
-                POSITIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
+                POSITIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, ds_desc=0, ds_rows=0,
+                STORE_DS: tl.constexpr = False):
     """Query blocks of [lo, hi) then [lo2, hi2), of each of the GROUP query heads that read key/value
     head h_kv: one flat loop (an outer loop over the heads costs registers, which spill at D 128), the
     heads innermost (the GROUP heads' tiles of one query block are read together). DK, DV: which of
-    dk, dv to accumulate (the other is returned as it came). diag, pos_q, pos_k: masking.place."""
+    dk, dv to accumulate (the other is returned as it came). diag, pos_q, pos_k: masking.place.
+    STORE_DS: each tile's dS^T also to ds_desc, ds_rows rows per (batch, head) (ds_tiles)."""
     offs_d = tl.arange(0, BLOCK_D)
     STRIDE: tl.constexpr = H * HEAD_DIM
     n = span_blocks(lo, hi, lo2, hi2, BLOCK_M)
@@ -116,7 +118,8 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
                             seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed, q_ids, k_ids,
                             keep_scale, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED,
                             SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                            POSITIONS=POSITIONS, DK=DK, DV=DV, LOAD_DELTA=True)
+                            POSITIONS=POSITIONS, DK=DK, DV=DV, LOAD_DELTA=True, ds_desc=ds_desc,
+                            ds_row=(b * H + h) * ds_rows + start_n, STORE_DS=STORE_DS)
     return dk, dv
 
 
@@ -196,13 +199,13 @@ def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, b, h_kv, lo, hi
 
 @triton.jit
 def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
-                  sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr,
+                  DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr,
                   KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                   SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr, DK: tl.constexpr,
-                  DV: tl.constexpr, EDGES: tl.constexpr = 0):
+                  DV: tl.constexpr, EDGES: tl.constexpr = 0, DS: tl.constexpr = False):
     """dK (DK) and / or dV (DV) of one key block; EDGES == 2 (attn_bwd_dkdv): only the masked query blocks,
-    added to the partial DKPart / DVPart."""
+    added to the partial DKPart / DVPart, and with DS (the dS path) their dS^T stored to its workspace DSPart."""
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)  # batch * KV_H
     b = bh // KV_H
@@ -224,6 +227,10 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
     begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, QueryRanges, b, BLOCK_M,
                                                     BLOCK_N, BANDED, SEGMENTS)
     k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS)
+    ds_desc = DSPart
+    ds_rows = 0
+    if DS:
+        ds_desc, ds_rows = ds_tiles(DSPart, b, seq_q, seq_k, H, BLOCK_N, BLOCK_N, BLOCK_M)
     # query blocks that see every key of this block, unmasked (EDGES == 2: done); then those at the band's
     # edges, masked
     if EDGES != 2:
@@ -237,7 +244,8 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                          start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
                          QSeg, k_ids, keep_scale, MASKED=True, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                          BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                         SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, DK=DK, DV=DV)
+                         SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, DK=DK, DV=DV,
+                         ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS)
     dk = dk * sm_scale
     if EDGES == 2:
         dk += load_tile(DKPart + kv_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
@@ -333,7 +341,7 @@ def _dkdv_tma_tile(start_n, bh, descriptors, Lse, Delta, Slopes, QueryRanges, Po
 
 @triton.jit
 def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
-                  sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, batch, dK, dV, dS, H: tl.constexpr,
+                  DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, batch, dK, dV, dS, H: tl.constexpr,
                   KV_H: tl.constexpr,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
@@ -351,7 +359,8 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
     dS: the dS path's workspace (ds_tiles), written where DS (TMA only), else a placeholder.
     EDGES (as attn_fwd's; which calls: jax_flash_amd/_launch.py edges_apart): 1 (the TMA loop) only the query
     blocks that see every key of the block, unmasked, dK and dV then float32 partial sums; 2 (pointer loads)
-    only the masked ones at the band's edges, added to those (DKPart, DVPart; placeholders otherwise)."""
+    only the masked ones at the band's edges, added to those (DKPart, DVPart; placeholders otherwise); on the
+    dS path (DS) storing their dS^T into the first launch's workspace, DSPart (aliased to dS)."""
     USE_TMA: tl.constexpr = (TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM) & (not SPLIT)
                              & (DROP_THRESHOLD == 0) & (not SEGMENTS))
     # DK / DV must be compile-time constants (each program holds only the accumulators it needs), hence
@@ -364,19 +373,19 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                           EDGES=EDGES)
     elif not SPLIT:
         _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
-                      sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=True, H=H,
+                      DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=True, H=H,
                       KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                      POSITIONS=POSITIONS, EDGES=EDGES)
+                      POSITIONS=POSITIONS, EDGES=EDGES, DS=DS and EDGES == 2)
     elif tl.program_id(2) == 0:
         _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
-                      sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=False, DV=True, H=H, KV_H=KV_H,
+                      DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=False, DV=True, H=H, KV_H=KV_H,
                       HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
                       POSITIONS=POSITIONS)
     else:
         _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
-                      sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=False, H=H, KV_H=KV_H,
+                      DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=False, H=H, KV_H=KV_H,
                       HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
                       POSITIONS=POSITIONS)

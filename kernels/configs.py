@@ -195,6 +195,12 @@ PERSISTENT_BANDED_BLOCKS = 32
 # 4 x 4096 0.723 / 0.605 (persistent), 1 x 16384 2.172 / 2.219; window (1024, 0) D 128 backward 1.373 / 1.146.
 # Taken where a row's loop runs at least this many blocks.
 EDGES_APART_BLOCKS = 64
+# The same on the dS path (D 128, 64-query blocks), whose edge launch also stores its dS tiles and whose TMA launch
+# then spills 140 bytes (sm90 ptxas; 8 with bf16 dK / dV instead of the float32 partial). Whole backward, H200, bf16,
+# causal, 16 heads, ms, one launch / apart (the TMA launch alone, without the edges: the bound): 16 x 1024 0.743 /
+# 1.007 (16 blocks), 4 x 4096 1.967 / 2.083 (1.754; 64 blocks), 1 x 16384 7.09 / 6.69 (6.32; 256 blocks). The edge
+# launch costs ~0.35 ms at both lengths (2048 programs of two 64 x 128 tiles, pointer loads, 320 bytes of spills).
+DS_EDGES_APART_BLOCKS = 256
 # the edge launch's compiler options (its blocks are the TMA row's: the two split each tile's blocks)
 EDGE_OPTIONS = {"fwd": dict(num_warps=8, num_stages=2), "dkdv": dict(num_warps=8, num_stages=1)}
 # Backward, D 128, bf16, H200, per kernel (standalone prototypes of the same loops, 4 x 4096 x 16 / 1 x 16384

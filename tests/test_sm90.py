@@ -63,14 +63,25 @@ EDGE_ROWS = [(kernel, dict(row, PERSISTENT=0) if kernel == "fwd" else row) for k
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seq", [300, 256], ids=["ragged", "whole"])
 @pytest.mark.parametrize("variant", ["plain", "alibi", "gqa", "window"])
+@pytest.mark.parametrize("path", ["seven", "ds"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-def test_every_sm90_row_edges_apart(kernel_row, causal, seq, variant, monkeypatch):
+def test_every_sm90_row_edges_apart(kernel_row, causal, seq, variant, path, monkeypatch):
     """test_every_sm90_row with the band's edge blocks in a launch of their own wherever a loop would mask
-    (kernels/fwd.py, bwd.py EDGES; the forward rows tiled, dK/dV on seven products: where the edges run)."""
-    monkeypatch.setattr(configs, "EDGES_APART_BLOCKS", 1)
-    monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", 0)
+    (kernels/fwd.py, bwd.py EDGES; the forward rows tiled, dK/dV on seven products and, rows marked DS, on the
+    dS path, whose edge launch stores its dS tiles too)."""
+    if path == "ds" and not kernel_row[1].get("DS"):
+        pytest.skip("the dS path: dK/dV rows marked DS")
+    _edges_apart(monkeypatch, 1)
+    if path == "seven":
+        monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", 0)
     _check_row(kernel_row, jnp.bfloat16, causal, seq, variant, monkeypatch, edges=True)
+
+
+def _edges_apart(monkeypatch, blocks):
+    """The band's edge blocks apart from loops of `blocks` blocks on (1: always; 1 << 30: never), on either path."""
+    monkeypatch.setattr(configs, "EDGES_APART_BLOCKS", blocks)
+    monkeypatch.setattr(configs, "DS_EDGES_APART_BLOCKS", blocks)
 
 
 def _check_row(kernel_row, dtype, causal, seq, variant, monkeypatch, edges=False):
@@ -110,7 +121,7 @@ def _check_row(kernel_row, dtype, causal, seq, variant, monkeypatch, edges=False
 
     got = jax.jit(fwd_bwd)(q, k, v, dout, dlse, extras)
     if kernel in ("dkdv", "dqds"):  # the path the row serves ran
-        assert ("attn_bwd_dq_ds" in launched) == bool(takes_ds and not edges), launched
+        assert ("attn_bwd_dq_ds" in launched) == bool(takes_ds and configs.DS_WORKSPACE_BYTES), launched
     if edges:  # and the edges' launch (a band, or ragged blocks)
         name = {"fwd": "attn_fwd", "dkdv": "attn_bwd_dkdv"}[kernel]
         assert launched.count(name) == 1 + (causal or variant == "window" or seq % 128 > 0), launched
@@ -149,12 +160,13 @@ TMA_CASES = {
 }
 
 
-@pytest.mark.parametrize("path", ["seven", "edges", "ds", "ds-by-heads"])
+@pytest.mark.parametrize("path", ["seven", "edges", "ds", "ds-edges", "ds-by-heads"])
 @pytest.mark.parametrize("case", list(TMA_CASES))
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
 def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
-    """"edges": every call whose TMA loop would mask takes the edge launches (kernels/fwd.py, bwd.py EDGES)."""
+    """"edges", "ds-edges": every call whose TMA loop would mask takes the edge launches (kernels/fwd.py, bwd.py
+    EDGES), on the seven-product path or the dS path."""
     from jax_flash_amd import _interpret
     _interpret.check_available()  # what the public API does first (it also mends the interpreter's bf16)
     c = {**dict(causal=False, window=(-1, -1), softcap=0.0, alibi=False, h=2, h_kv=2), **TMA_CASES[case]}
@@ -163,7 +175,8 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     if path not in ("seven", "edges") and (dtype != jnp.float16 or not takes_tma):
         pytest.skip("the dS path: float16 (bfloat16 takes the same code), calls that take dK/dV's TMA row")
     rows = TMA_INTERPRET_ROWS if path in ("seven", "edges") else DS_INTERPRET_ROWS
-    monkeypatch.setattr(configs, "EDGES_APART_BLOCKS", 1 if path == "edges" else 1 << 30)
+    edges = path in ("edges", "ds-edges")
+    _edges_apart(monkeypatch, 1 if edges else 1 << 30)
     if path != "seven":  # windows take the dS path too (the rule: test_which_backwards_take_the_ds_path)
         monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
     if path == "ds-by-heads":  # room for one key/value head's workspace: a launch per head
@@ -185,13 +198,13 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, rows=rows)
     dq, dk, dv = _launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics,
                                   rows=rows)
-    expected = {"seven": 0, "edges": 0, "ds": 1, "ds-by-heads": 2}[path]
+    expected = {"seven": 0, "edges": 0, "ds": 1, "ds-edges": 1, "ds-by-heads": 2}[path]
     assert launched.count("attn_bwd_dq_ds") == expected, launched
     # the edges apart where a TMA loop would mask a block: a band, or a ragged block (fwd: keys of 16; dK/dV:
     # queries of 16, keys of 32, and only where it takes its TMA row)
     banded = c["causal"] or c["window"] != (-1, -1)
-    fwd_edges = path == "edges" and (banded or c["sk"] % 16 > 0)
-    dkdv_edges = path == "edges" and takes_tma and (banded or c["sq"] % 16 > 0 or c["sk"] % 32 > 0)
+    fwd_edges = edges and (banded or c["sk"] % 16 > 0)
+    dkdv_edges = edges and takes_tma and (banded or c["sq"] % 16 > 0 or c["sk"] % 32 > 0)
     assert ("attn_fwd+edges" in launched) == fwd_edges, launched
     assert ("attn_bwd_dkdv+edges" in launched) == dkdv_edges, launched
     kw = dict(causal=c["causal"], softcap=c["softcap"])
@@ -264,15 +277,19 @@ def test_tma_path_as_a_block_of_a_larger_call(case, monkeypatch):
                                              statics=statics, rows=rows))
 
     want_all = grads(None)
-    monkeypatch.setattr(configs, "EDGES_APART_BLOCKS", 1 << 30)
+    _edges_apart(monkeypatch, 1 << 30)
     one_loop = grads(TMA_INTERPRET_ROWS)
     assert not edge_launches
-    monkeypatch.setattr(configs, "EDGES_APART_BLOCKS", 1)
+    _edges_apart(monkeypatch, 1)
     apart = grads(TMA_INTERPRET_ROWS)
     assert edge_launches == ["attn_fwd", "attn_bwd_dkdv"]
+    ds_apart = grads(DS_INTERPRET_ROWS)[2:]  # the dS path, its edge launch storing dS too
+    assert edge_launches[2:] == ["attn_fwd", "attn_bwd_dkdv"]
+    _edges_apart(monkeypatch, 1 << 30)
     for name, got, want in [*zip(("out", "lse", "dq", "dk", "dv"), one_loop, want_all),
                             *zip(("edges: out", "edges: lse", "edges: dq", "edges: dk", "edges: dv"), apart, want_all),
-                            *zip(("ds: dq", "ds: dk", "ds: dv"), grads(DS_INTERPRET_ROWS)[2:], want_all[2:])]:
+                            *zip(("ds: dq", "ds: dk", "ds: dv"), grads(DS_INTERPRET_ROWS)[2:], want_all[2:]),
+                            *zip(("ds edges: dq", "ds edges: dk", "ds edges: dv"), ds_apart, want_all[2:])]:
         g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
         np.testing.assert_array_equal(np.isneginf(g), np.isneginf(w), err_msg=name)
         fin = np.isfinite(w)
@@ -578,7 +595,7 @@ def test_persistent_dkdv_equals_one_program_per_tile(case, path, monkeypatch):
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], *shape))
     rows = DS_INTERPRET_ROWS if path == "ds" else TMA_INTERPRET_ROWS
     monkeypatch.setattr(configs, "NARROW_WINDOW", 0)  # the window case takes the dS path too
-    monkeypatch.setattr(configs, "EDGES_APART_BLOCKS", 1 if path == "edges" else 1 << 30)
+    _edges_apart(monkeypatch, 1 if path == "edges" else 1 << 30)
     grids = []
 
     def run(launch):
@@ -669,21 +686,22 @@ def test_shipped_rows_under_contention(shape):
 # ----- the band's edge blocks in a launch of their own (kernels/fwd.py, bwd.py EDGES; _launch.edges_apart) -----
 
 @pytest.mark.parametrize("shape, d, causal, window, fwd, dkdv", [
-    ((1, 16384, 16), 128, True, None, True, False),  # the dS path keeps its edges in (its dS store)
+    # the dS path: 256 query blocks (configs.DS_EDGES_APART_BLOCKS), by groups of 4 heads (a pair of launches each)
+    ((1, 16384, 16), 128, True, None, True, True),
     ((1, 16384, 32), 64, True, None, False, False),  # D 64: the pointer rows (causal forward; dK/dV: configs.py)
-    ((2, 8192, 16), 128, True, None, True, False),  # 64 key blocks
+    ((2, 8192, 16), 128, True, None, True, False),  # 64 key blocks; the dS path's 128 query blocks
     ((4, 4096, 16), 128, True, None, False, False),  # 32 blocks (and a persistent forward)
     ((4, 4096, 32), 64, True, None, False, False),
     ((1, 16384, 16), 128, False, None, False, False),  # no band, whole blocks: nothing masked
-    ((1, 16380, 16), 128, False, None, True, False),  # ragged keys: every block masked otherwise
-    ((1, 16384, 16), 128, True, (8191, 0), True, False),  # a wide window: 64 blocks
+    ((1, 16380, 16), 128, False, None, True, True),  # ragged blocks: every block masked otherwise
+    ((1, 16384, 16), 128, True, (8191, 0), True, False),  # a wide window: 64 key blocks, 128 query blocks
     ((1, 16384, 16), 128, True, (1024, 0), False, False),  # a narrow one: 9 blocks
     ((1, 16384, 16), 96, True, None, False, False),  # no TMA (padded head)
 ])
 def test_which_calls_run_the_edges_apart(shape, d, causal, window, fwd, dkdv, monkeypatch):
     """sm90's TMA rows run the band's masked edge blocks in a second launch where their loop would mask
-    (a band, ragged blocks) and runs at least configs.EDGES_APART_BLOCKS blocks (the band's width where it
-    bounds both sides); not persistent forwards, nor the dS path's dK/dV."""
+    (a band, ragged blocks) and runs at least configs.EDGES_APART_BLOCKS blocks (DS_EDGES_APART_BLOCKS on the dS
+    path; the band's width where it bounds both sides); not persistent forwards."""
     monkeypatch.setattr(_launch, "compute_units", lambda target: 132)
     b, n, h = shape
     launched = []
@@ -701,4 +719,4 @@ def test_which_calls_run_the_edges_apart(shape, d, causal, window, fwd, dkdv, mo
     jax.eval_shape(f, jax.ShapeDtypeStruct((b, n, h, d), jnp.bfloat16), jax.ShapeDtypeStruct((b, h, n), jnp.float32))
     for name, apart in (("attn_fwd", fwd), ("attn_bwd_dkdv", dkdv)):
         edges = [e for kernel, e in launched if kernel == name]
-        assert edges and edges == ([1, 2] if apart else [0] * len(edges)), (name, launched)
+        assert edges and edges == ([1, 2] * (len(edges) // 2) if apart else [0] * len(edges)), (name, launched)
