@@ -54,7 +54,8 @@ def torch_runner(scratch: str):
               jnp.dtype(jnp.float32): torch.float32, jnp.dtype(jnp.int32): torch.int32}
 
     def run(launch):
-        if launch.aliases:  # in place into a JAX array's buffer: none of the backward's launches
+        if launch.aliases:  # in place into a JAX array's buffer: none at the probe's lengths (the dS path's edge
+            # launch aliases its workspace from 256 query blocks: configs.DS_EDGES_APART_BLOCKS)
             raise NotImplementedError(f"{launch.kernel.__name__}: outputs aliased to inputs")
         args = [torch.from_dlpack(a.block_until_ready()) if isinstance(a, jax.Array)
                 else float(a) if isinstance(a, np.floating) else a for a in launch.args]

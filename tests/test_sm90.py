@@ -160,13 +160,13 @@ TMA_CASES = {
 }
 
 
-@pytest.mark.parametrize("path", ["seven", "edges", "ds", "ds-edges", "ds-by-heads"])
+@pytest.mark.parametrize("path", ["seven", "edges", "ds", "ds-edges", "ds-by-heads", "ds-edges-by-heads"])
 @pytest.mark.parametrize("case", list(TMA_CASES))
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
 def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
-    """"edges", "ds-edges": every call whose TMA loop would mask takes the edge launches (kernels/fwd.py, bwd.py
-    EDGES), on the seven-product path or the dS path."""
+    """"edges", "ds-edges" (and "ds-edges-by-heads"): every call whose TMA loop would mask takes the edge launches
+    (kernels/fwd.py, bwd.py EDGES), on the seven-product path or the dS path (one launch per key/value head)."""
     from jax_flash_amd import _interpret
     _interpret.check_available()  # what the public API does first (it also mends the interpreter's bf16)
     c = {**dict(causal=False, window=(-1, -1), softcap=0.0, alibi=False, h=2, h_kv=2), **TMA_CASES[case]}
@@ -175,11 +175,11 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     if path not in ("seven", "edges") and (dtype != jnp.float16 or not takes_tma):
         pytest.skip("the dS path: float16 (bfloat16 takes the same code), calls that take dK/dV's TMA row")
     rows = TMA_INTERPRET_ROWS if path in ("seven", "edges") else DS_INTERPRET_ROWS
-    edges = path in ("edges", "ds-edges")
+    edges = "edges" in path
     _edges_apart(monkeypatch, 1 if edges else 1 << 30)
     if path != "seven":  # windows take the dS path too (the rule: test_which_backwards_take_the_ds_path)
         monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
-    if path == "ds-by-heads":  # room for one key/value head's workspace: a launch per head
+    if path.endswith("by-heads"):  # room for one key/value head's workspace: a launch per head
         if c["h_kv"] == 1:
             pytest.skip("one key/value head")
         ws_rows, ws_cols = _launch.ds_workspace(b, h // c["h_kv"], c["sq"], c["sk"],
@@ -198,7 +198,7 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, rows=rows)
     dq, dk, dv = _launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics,
                                   rows=rows)
-    expected = {"seven": 0, "edges": 0, "ds": 1, "ds-edges": 1, "ds-by-heads": 2}[path]
+    expected = {"seven": 0, "edges": 0, "ds": 1, "ds-edges": 1, "ds-by-heads": 2, "ds-edges-by-heads": 2}[path]
     assert launched.count("attn_bwd_dq_ds") == expected, launched
     # the edges apart where a TMA loop would mask a block: a band, or a ragged block (fwd: keys of 16; dK/dV:
     # queries of 16, keys of 32, and only where it takes its TMA row)
