@@ -26,7 +26,8 @@ import triton.language as tl
 
 from .dropout import keep, load_seed
 from .masking import (element_tiles, head_start, key_blocks, load_ids, load_tile, persistent_rounds, persistent_tile,
-                      place, query_blocks, span_block, span_blocks, store_tile, visible)
+                      place, query_blocks, span_block, span_blocks, store_tile, tile_order, visible)
+from .configs import TILED_GROUP_PROGRAMS
 from .scores import scores
 
 
@@ -203,11 +204,12 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                   KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                   SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr, DK: tl.constexpr,
-                  DV: tl.constexpr, EDGES: tl.constexpr = 0, DS: tl.constexpr = False):
+                  DV: tl.constexpr, EDGES: tl.constexpr = 0, DS: tl.constexpr = False,
+                  GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS):
     """dK (DK) and / or dV (DV) of one key block; EDGES == 2 (attn_bwd_dkdv): only the masked query blocks,
     added to the partial DKPart / DVPart, and with DS (the dS path) their dS^T stored to its workspace DSPart."""
-    start_n = tl.program_id(0) * BLOCK_N
-    bh = tl.program_id(1)  # batch * KV_H
+    i, bh = tile_order(BANDED, GROUP_PROGRAMS)  # bh: batch * KV_H
+    start_n = i * BLOCK_N  # causal: the heaviest first
     b = bh // KV_H
     h_kv = bh % KV_H
     GROUP: tl.constexpr = H // KV_H
@@ -261,7 +263,8 @@ def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta,
                       lo_off, hi_off, batch, dK, dV, dS, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
                       ALIBI: tl.constexpr, POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-                      QUERIES_EVEN: tl.constexpr, DS: tl.constexpr, PERSISTENT: tl.constexpr, EDGES: tl.constexpr):
+                      QUERIES_EVEN: tl.constexpr, DS: tl.constexpr, PERSISTENT: tl.constexpr, EDGES: tl.constexpr,
+                      GROUP_PROGRAMS: tl.constexpr):
     """dK and dV of one key block (PERSISTENT: of the key blocks masking.persistent_tile hands this program),
     every tile through TMA descriptors (masking.element_tiles), Lse and Delta through pointers (_dkdv_tma_block)."""
     if PERSISTENT:  # whole blocks only (jax_flash_amd/_launch.py): descriptors over the whole batch
@@ -277,9 +280,10 @@ def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta,
                            ALIBI=ALIBI, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE,
                            QUERIES_EVEN=QUERIES_EVEN, DS=DS, EDGES=EDGES)
     else:
-        descriptors = _dkdv_descriptors(Q, K, V, dOut, dS, tl.program_id(1) // KV_H, seq_q, seq_k,
+        i, bh = tile_order(BANDED, GROUP_PROGRAMS)
+        descriptors = _dkdv_descriptors(Q, K, V, dOut, dS, bh // KV_H, seq_q, seq_k,
                                         H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DS=DS)
-        _dkdv_tma_tile(tl.program_id(0) * BLOCK_N, tl.program_id(1), descriptors, Lse, Delta, Slopes, QueryRanges,
+        _dkdv_tma_tile(i * BLOCK_N, bh, descriptors, Lse, Delta, Slopes, QueryRanges,
                        Positions, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, dK, dV, H=H, KV_H=KV_H,
                        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
                        POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS,
@@ -348,7 +352,7 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                   DROP_THRESHOLD: tl.constexpr, SPLIT: tl.constexpr, POSITIONS: tl.constexpr,
                   TMA: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
                   QUERIES_EVEN: tl.constexpr = False, DS: tl.constexpr = False, PERSISTENT: tl.constexpr = False,
-                  EDGES: tl.constexpr = 0):
+                  EDGES: tl.constexpr = 0, GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS):
     """Arguments as attn_fwd's; QueryRanges (batch, key blocks, 2): the queries that can share a segment
     id with each key block. One program per (key block, batch * KV_H[, dV or dK where SPLIT]), or with
     PERSISTENT (TMA rows, whole blocks: jax_flash_amd/_launch.py _dkdv) a grid of (programs, 1, 1), each
@@ -360,7 +364,8 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
     EDGES (as attn_fwd's; which calls: jax_flash_amd/_launch.py edges_apart): 1 (the TMA loop) only the query
     blocks that see every key of the block, unmasked, dK and dV then float32 partial sums; 2 (pointer loads)
     only the masked ones at the band's edges, added to those (DKPart, DVPart; placeholders otherwise); on the
-    dS path (DS) storing their dS^T into the first launch's workspace, DSPart (aliased to dS)."""
+    dS path (DS) storing their dS^T into the first launch's workspace, DSPart (aliased to dS).
+    GROUP_PROGRAMS: a banded tiled grid's group (masking.tile_order)."""
     USE_TMA: tl.constexpr = (TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM) & (not SPLIT)
                              & (DROP_THRESHOLD == 0) & (not SEGMENTS))
     # DK / DV must be compile-time constants (each program holds only the accumulators it needs), hence
@@ -370,25 +375,26 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                           seq_k, lo_off, hi_off, batch, dK, dV, dS, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
                           BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS,
                           WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS, PERSISTENT=PERSISTENT,
-                          EDGES=EDGES)
+                          EDGES=EDGES, GROUP_PROGRAMS=GROUP_PROGRAMS)
     elif not SPLIT:
         _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
                       DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=True, H=H,
                       KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                      POSITIONS=POSITIONS, EDGES=EDGES, DS=DS and EDGES == 2)
+                      POSITIONS=POSITIONS, EDGES=EDGES, DS=DS and EDGES == 2,
+                      GROUP_PROGRAMS=GROUP_PROGRAMS)
     elif tl.program_id(2) == 0:
         _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
                       DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=False, DV=True, H=H, KV_H=KV_H,
                       HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                      POSITIONS=POSITIONS)
+                      POSITIONS=POSITIONS, GROUP_PROGRAMS=GROUP_PROGRAMS)
     else:
         _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
                       DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=False, H=H, KV_H=KV_H,
                       HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                      POSITIONS=POSITIONS)
+                      POSITIONS=POSITIONS, GROUP_PROGRAMS=GROUP_PROGRAMS)
 
 
 @triton.jit
@@ -439,8 +445,8 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, d
     """Arguments as attn_fwd's. Also writes Delta (delta above) for the dK/dV kernel, which runs after:
     the dQ program holds dO anyway, so this saves a pass over O and dO. TMA (Hopper config rows): K and V
     tiles through TMA descriptors (as the forward's), 16-bit inputs with power-of-two heads."""
-    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-    bh = tl.program_id(1)
+    i, bh = tile_order(BANDED)
+    start_m = (tl.num_programs(0) - 1 - i) * BLOCK_M  # causal: the heaviest first
     b = bh // H
     h = bh % H
     STRIDE: tl.constexpr = H * HEAD_DIM
@@ -534,8 +540,8 @@ def attn_bwd_dq_ds(K, Positions, dS, sm_scale, seq_q, seq_k, lo_off, hi_off, dQ,
     """dQ = scale dS K from the dS path's workspace dS (ds_tiles; DS_BLOCK_N: the dK/dV row's BLOCK_N):
     one product per tile where attn_bwd_dq computes three. The key blocks of masking.key_blocks, the
     band's edges masked. 16-bit, power-of-two heads (TMA descriptors)."""
-    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-    bh = tl.program_id(1)
+    i, bh = tile_order(BANDED)
+    start_m = (tl.num_programs(0) - 1 - i) * BLOCK_M  # causal: the heaviest first
     b = bh // H
     h = bh % H
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM

@@ -175,7 +175,9 @@ _SM90_FWD64_TMA = dict(_SM90_FWD_TMA, max_block_d=64, min_block_d=64, max_banded
 # _launch.py persistent_programs: the busiest program's work / when the tiled grid would finish, at most
 # (causal D 128 forward ms, tiled / persistent: 1 x 2048 x 16 0.083 / 0.066, whose fixed schedule is 1.47x the
 # mean work but 0.93x the tiled grid's finish (its last wave); 1 x 4096 x 16 0.198 / 0.221 and 1 x 16384 x 16
-# 2.22 / 3.03: 1.19x and 1.53x the tiled grid's finish)
+# 2.22 / 3.03: 1.19x and 1.53x the tiled grid's finish). Those tiled grids ran row-major; in TILED_GROUP_PROGRAMS'
+# groups 1 x 2048 x 16 is as balanced tiled, which the rule now takes: 0.080 / 0.061 against persistent's 0.089 /
+# 0.071 (two runs each, same process order)
 PERSISTENT_BALANCE = 1.05
 # and with a band (causal, a window wider than NARROW_WINDOW) at most this many query blocks per row: forward
 # ms, D 128, causal, tiled / persistent: 64 x 512 x 16 0.338 / 0.225, 2 x 2048 0.119 / 0.091, 4 x 4096 0.643 /
@@ -201,6 +203,19 @@ EDGES_APART_BLOCKS = 64
 # 1.007 (16 blocks), 4 x 4096 1.967 / 2.083 (1.754; 64 blocks), 1 x 16384 7.09 / 6.69 (6.32; 256 blocks). The edge
 # launch costs ~0.35 ms at both lengths (2048 programs of two 64 x 128 tiles, pointer loads, 320 bytes of spills).
 DS_EDGES_APART_BLOCKS = 256
+# A tiled grid of a banded call (causal, windows) takes its (batch x heads) rows in groups of about this many
+# programs, each group block-major: every row's heaviest block first, then the next (masking.tile_order). The GPU
+# starts programs in launch order, so the heavy ones start first and the last wave is light. Row-major, the last
+# row's heaviest block started late: greedy dispatch of the causal grouped-query dK/dV grid (4 x 4096, 8 key-value
+# heads of 4, 128-key blocks, 132 SMs at one program each) finishes 1.14x its mean work, grouped 1.00x; the D 64
+# forward's (4 x 4096 x 32 and 1 x 16384 x 32, 128 queries, two programs per SM) 1.08x and 1.06x, grouped 1.00x.
+# Measured, H200, bf16, causal, ms, row-major / grouped (two runs each, same process order): grouped-query 4 x
+# 4096 x 32 / 8 heads D 128 backward 4.79, 4.81 / 4.23, 4.19; D 64 forward 4 x 4096 x 32 0.806, 0.813 / 0.778,
+# 0.773, 1 x 16384 x 32 2.890, 2.885 / 2.746, 2.746; D 128 1 x 2048 x 16 backward 0.192, 0.208 / 0.133, 0.150. Not
+# changed: D 128 4 x 4096 x 16 and x 32 (backward 1.97 / 1.97, 4.44 / 4.43), 16 x 1024 x 16, and calls without a
+# band (the same code). A group's rows share L2 (their Q / dO or K / V), so groups stay about a wave or two: the
+# dS dK/dV row (one program per SM) takes 128 (GROUP_PROGRAMS below).
+TILED_GROUP_PROGRAMS = 256
 # the edge launch's compiler options (its blocks are the TMA row's: the two split each tile's blocks)
 EDGE_OPTIONS = {"fwd": dict(num_warps=8, num_stages=2), "dkdv": dict(num_warps=8, num_stages=1)}
 # Backward, D 128, bf16, H200, per kernel (standalone prototypes of the same loops, 4 x 4096 x 16 / 1 x 16384
@@ -220,8 +235,11 @@ EDGE_OPTIONS = {"fwd": dict(num_warps=8, num_stages=2), "dkdv": dict(num_warps=8
 # NaN once under warp specialisation (Triton 3.6). Shipped (benchmarks.attention, same run): D 128 backward /
 # cuDNN 1.01 / 0.95 / 0.91 at N 1024 / 4096 / 16384 (causal 0.94 / 0.92 / 0.86), was 0.89 / 0.86 / 0.81 (0.92 /
 # 0.82 / 0.79) with seven products.
+# GROUP_PROGRAMS (masking.tile_order): one program per SM here, so groups of ~one wave; causal 1 x 16384 x 16
+# (128 key blocks, rows then one at a time, as before groups) whole backward 6.72 / 6.74 ms, with 256 (two rows a
+# group) 6.88 / 6.85; grouped-query causal 4 x 4096 x 32 / 8 heads 4.79 / 4.81 before groups, 4.23 / 4.19 with 256
 _SM90_DKDV_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2, TMA=True,
-                      WARP_SPECIALIZE=True, DS=True)
+                      WARP_SPECIALIZE=True, DS=True, GROUP_PROGRAMS=128)
 _SM90_DQ_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, TMA=True)
 # D 33-64 (benchmarks/hopper_rows_sweep.py, H200, bf16, 32 heads, whole backward in ms against the pointer
 # rows', N 1024 / 4096 / 16384): dQ through TMA 64 x 64 x 4 x 3 1.17 / 4.10 / 15.84 vs 1.22 / 4.33 / 16.81

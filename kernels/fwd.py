@@ -21,7 +21,7 @@ import triton.language as tl
 
 from .dropout import keep, load_seed
 from .masking import (element_tiles, head_start, key_blocks, load_ids, load_tile, persistent_rounds, persistent_tile,
-                      place, span_block, span_blocks, store_tile)
+                      place, span_block, span_blocks, store_tile, tile_order)
 from .scores import scores
 
 
@@ -164,8 +164,8 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
                       DESCRIPTORS=True, EDGES=EDGES)
     else:
         # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
-        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-        _fwd_tile(start_m, tl.program_id(1), Q, K, V, Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale,
+        i, bh = tile_order(BANDED)
+        _fwd_tile((tl.num_programs(0) - 1 - i) * BLOCK_M, bh, Q, K, V, Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale,
                   KDescale, VDescale, Positions, Part, PartLse, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
                   hi_off, Out, Lse, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                   BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,

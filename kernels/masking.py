@@ -1,6 +1,7 @@
 """The one place that says what a program touches: where a (batch, head) starts, which (query, key)
 pairs are visible, which blocks need masking, masked tile loads and stores, the TMA descriptors of a
-batch element's tiles (Hopper rows), and which tiles a persistent program runs.
+batch element's tiles (Hopper rows), which tiles a persistent program runs, and in which order a tiled
+grid's programs take theirs.
 
 Used by the forward and by all backward kernels. Visibility is a band around the bottom-right aligned
 diagonal (FlashAttention's convention): query i sees key j iff
@@ -22,6 +23,8 @@ block is then masked.
 """
 import triton
 import triton.language as tl
+
+from .configs import TILED_GROUP_PROGRAMS
 
 UNBOUNDED = tl.constexpr(1 << 30)  # an offset beyond any sequence length, small enough not to overflow
 
@@ -50,6 +53,25 @@ def persistent_rounds(n_tiles):
     n = tl.num_programs(0)
     full = n_tiles // n
     return full + (_column(full, tl.program_id(0), n) < n_tiles % n).to(tl.int32)
+
+
+@triton.jit
+def tile_order(BANDED: tl.constexpr, GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS):
+    """(i, row) of this program of a tiled grid, (blocks, rows) = tl.num_programs(0, 1): its row's i-th block
+    in the caller's order, heaviest first. Without a band the program ids. With a band (blocks' work differs)
+    the rows go in groups of about configs.TILED_GROUP_PROGRAMS programs, block-major within a group (every
+    row's block 0, then block 1...): the GPU starts programs in launch order, so the heaviest of the group's
+    rows start first and its last wave is light; a group's rows are few, and share L2. (The same order in
+    numpy: jax_flash_amd/_launch.py tiled_order.)"""
+    if BANDED:
+        n = tl.num_programs(0)
+        per = tl.maximum(GROUP_PROGRAMS // n, 1)  # rows per group
+        i = tl.program_id(1) * n + tl.program_id(0)
+        first = i // (per * n) * per
+        size = tl.minimum(per, tl.num_programs(1) - first)  # the last group's may be fewer
+        i -= first * n
+        return i // size, first + i % size
+    return tl.program_id(0), tl.program_id(1)
 
 
 @triton.jit

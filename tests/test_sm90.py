@@ -20,7 +20,7 @@ from jax_flash_amd import _launch, _triton
 from jax_flash_amd._config_choice import pick_config
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.kernels import configs
-from jax_flash_amd.kernels.masking import persistent_rounds, persistent_tile
+from jax_flash_amd.kernels.masking import persistent_rounds, persistent_tile, tile_order
 from jax_flash_amd.rules import Band
 
 KERNELS = ("fwd", "dkdv", "dq", "dqds")
@@ -369,6 +369,39 @@ def test_persistent_tiles_cover_every_tile_once(programs, n_blocks, rows):
             i = r * programs + (p if r % 2 == 0 else programs - 1 - p)
             want = order[i] if i < n_tiles else (np.nan, np.nan)  # NaN: never written
             np.testing.assert_array_equal(tiles[p, r], want, err_msg=f"program {p} round {r}")
+
+
+# ----- tiled grids (masking.tile_order): banded calls' rows in groups, block-major -----
+@triton.jit
+def _tiled_grid_order(Tiles, BANDED: tl.constexpr, GROUP_PROGRAMS: tl.constexpr):
+    """Tiles (programs, 2): the (i, row) of each program, in launch order (x fastest)."""
+    i, row = tile_order(BANDED, GROUP_PROGRAMS)
+    p = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    tl.store(Tiles + p * 2, i.to(tl.float32))
+    tl.store(Tiles + p * 2 + 1, row.to(tl.float32))
+
+
+@pytest.mark.parametrize("n_blocks, rows, group", [(4, 6, 8), (3, 7, 6), (5, 2, 256), (1, 5, 2), (6, 5, 4), (4, 3, 1)])
+@pytest.mark.parametrize("banded", [0, 1])
+@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
+def test_tiled_grid_order(n_blocks, rows, group, banded):
+    """Every (block, row) once. Without a band in row-major order; with one, rows in groups of
+    max(group // n_blocks, 1) (the last may be fewer), each group's tiles block-major (every row's heaviest
+    block first), so launch order is longest first within a group. The launcher's model of it (tiled_order,
+    which _tiled_finish weighs persistent grids against) says the same."""
+    from jax_flash_amd import _interpret
+    _interpret.check_available()
+    (tiles,) = _interpret.run(_launch._launch(
+        _tiled_grid_order, grid=(n_blocks, rows), inputs={},
+        out_shapes=(jax.ShapeDtypeStruct((n_blocks * rows, 2), jnp.float32),),
+        constexprs=dict(BANDED=banded, GROUP_PROGRAMS=group), options={}))
+    got = [tuple(t) for t in np.asarray(tiles).astype(int).tolist()]
+    assert sorted(got) == [(i, r) for i in range(n_blocks) for r in range(rows)]
+    per = max(group // n_blocks, 1) if banded else 1
+    want = [(i, r) for first in range(0, rows, per) for i in range(n_blocks)
+            for r in range(first, min(first + per, rows))]
+    assert got == want
+    assert got == [tuple(t) for t in _launch.tiled_order(n_blocks, rows, bool(banded), group).tolist()]
 
 
 @pytest.mark.parametrize("shape, causal, window, persistent", [
