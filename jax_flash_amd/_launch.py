@@ -198,14 +198,14 @@ def persistent_programs(blocks: dict, target: str, rows: int, sq: int, sk: int, 
     rounds, column = np.divmod(i, programs)
     column = np.where(rounds % 2 == 1, programs - 1 - column, column)  # masking._column's snake
     work = np.bincount(column, cost[i % n_blocks], programs)
-    tiled = _tiled_finish(cost, rows, programs, bool(band.sides),
+    tiled = _tiled_finish(cost, rows, programs, band.sides == 1,
                           blocks.get("GROUP_PROGRAMS", configs.TILED_GROUP_PROGRAMS))
     return programs if work.max() <= configs.PERSISTENT_BALANCE * tiled else 0
 
 
-def _tiled_finish(row_costs, rows: int, slots: int, banded: bool, group_programs: int) -> float:
+def _tiled_finish(row_costs, rows: int, slots: int, grouped: bool, group_programs: int) -> float:
     """When a grid of one program per tile would finish, in tile work: rows x row_costs (a row's tiles,
-    heaviest first) handed to `slots` programs at a time in launch order (tiled_order: `banded`, rows in
+    heaviest first) handed to `slots` programs at a time in launch order (tiled_order: `grouped`, rows in
     groups of about group_programs programs, block-major), each slot taking the next tile when free (greedy,
     as the GPU's block scheduler does). It pays the same last-wave tail a persistent schedule does (16 x
     1024 x 16 tiles on 132 SMs: 15.5 rounds), which a comparison with the mean work would count against
@@ -214,16 +214,17 @@ def _tiled_finish(row_costs, rows: int, slots: int, banded: bool, group_programs
     if n > 1 << 16:
         return float(np.sum(row_costs)) * rows / slots
     free = [0.0] * slots
-    for c in np.asarray(row_costs)[tiled_order(len(row_costs), rows, banded, group_programs)[:, 0]].tolist():
+    for c in np.asarray(row_costs)[tiled_order(len(row_costs), rows, grouped, group_programs)[:, 0]].tolist():
         heapq.heapreplace(free, free[0] + c)
     return max(free)
 
 
-def tiled_order(n_blocks: int, rows: int, banded: bool,
+def tiled_order(n_blocks: int, rows: int, grouped: bool,
                 group_programs: int = configs.TILED_GROUP_PROGRAMS) -> np.ndarray:
     """(i, row) of each program of a tiled grid of n_blocks x rows, in launch order (masking.tile_order):
-    row-major, or `banded` rows in groups of about group_programs programs, block-major in each group."""
-    per = max(group_programs // n_blocks, 1) if banded else 1
+    row-major, or (`grouped`: a band bounded on the right only, BANDED == 1) rows in groups of about
+    group_programs programs, block-major in each group."""
+    per = max(group_programs // n_blocks, 1) if grouped else 1
     i, r = np.meshgrid(np.arange(n_blocks), np.arange(per), indexing="ij")  # a whole group's, block-major
     return np.concatenate([np.stack([i.ravel(), first + r.ravel()], 1)[r.ravel() < rows - first]
                            for first in range(0, rows, per)])

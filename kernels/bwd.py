@@ -365,7 +365,7 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
     blocks that see every key of the block, unmasked, dK and dV then float32 partial sums; 2 (pointer loads)
     only the masked ones at the band's edges, added to those (DKPart, DVPart; placeholders otherwise); on the
     dS path (DS) storing their dS^T into the first launch's workspace, DSPart (aliased to dS).
-    GROUP_PROGRAMS: a banded tiled grid's group (masking.tile_order)."""
+    GROUP_PROGRAMS: a causal tiled grid's group (masking.tile_order)."""
     USE_TMA: tl.constexpr = (TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM) & (not SPLIT)
                              & (DROP_THRESHOLD == 0) & (not SEGMENTS))
     # DK / DV must be compile-time constants (each program holds only the accumulators it needs), hence
@@ -441,11 +441,13 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, d
                 keep_scale, seq_q, seq_k, lo_off, hi_off, dQ, Delta, H: tl.constexpr, KV_H: tl.constexpr,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
-                DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr, TMA: tl.constexpr = False):
+                DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr, TMA: tl.constexpr = False,
+                GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS):
     """Arguments as attn_fwd's. Also writes Delta (delta above) for the dK/dV kernel, which runs after:
     the dQ program holds dO anyway, so this saves a pass over O and dO. TMA (Hopper config rows): K and V
-    tiles through TMA descriptors (as the forward's), 16-bit inputs with power-of-two heads."""
-    i, bh = tile_order(BANDED)
+    tiles through TMA descriptors (as the forward's), 16-bit inputs with power-of-two heads. GROUP_PROGRAMS: a
+    causal tiled grid's group (masking.tile_order)."""
+    i, bh = tile_order(BANDED, GROUP_PROGRAMS)
     start_m = (tl.num_programs(0) - 1 - i) * BLOCK_M  # causal: the heaviest first
     b = bh // H
     h = bh % H
@@ -536,11 +538,12 @@ def _dq_ds_inner(dq, ds_desc, k_desc, ds_row, kv_row, kv_col, lo, hi, lo2, hi2, 
 @triton.jit
 def attn_bwd_dq_ds(K, Positions, dS, sm_scale, seq_q, seq_k, lo_off, hi_off, dQ, H: tl.constexpr,
                    KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BANDED: tl.constexpr, POSITIONS: tl.constexpr, DS_BLOCK_N: tl.constexpr):
+                   BANDED: tl.constexpr, POSITIONS: tl.constexpr, DS_BLOCK_N: tl.constexpr,
+                   GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS):
     """dQ = scale dS K from the dS path's workspace dS (ds_tiles; DS_BLOCK_N: the dK/dV row's BLOCK_N):
     one product per tile where attn_bwd_dq computes three. The key blocks of masking.key_blocks, the
-    band's edges masked. 16-bit, power-of-two heads (TMA descriptors)."""
-    i, bh = tile_order(BANDED)
+    band's edges masked. 16-bit, power-of-two heads (TMA descriptors). GROUP_PROGRAMS: as attn_bwd_dq's."""
+    i, bh = tile_order(BANDED, GROUP_PROGRAMS)
     start_m = (tl.num_programs(0) - 1 - i) * BLOCK_M  # causal: the heaviest first
     b = bh // H
     h = bh % H

@@ -14,7 +14,8 @@ forward). Upper-case keys are the
 kernel's constexprs (BLOCK_*; dK/dV's SPLIT, default False: dK and dV from separate programs; PERSISTENT (the
 forward's, the TMA dK/dV's), programs per compute unit of a persistent grid, jax_flash_amd/_launch.py
 persistent_programs; dK/dV's
-DS, the dS path, jax_flash_amd/_launch.py ds_heads), other
+DS, the dS path, jax_flash_amd/_launch.py ds_heads; GROUP_PROGRAMS, default TILED_GROUP_PROGRAMS: a causal tiled
+grid's group, masking.tile_order), other
 lower-case ones compiler options (num_warps, num_stages; on HIP also waves_per_eu and matrix_instr_nonkdim, which need
 a jax-triton that forwards them).
 
@@ -203,17 +204,18 @@ EDGES_APART_BLOCKS = 64
 # 1.007 (16 blocks), 4 x 4096 1.967 / 2.083 (1.754; 64 blocks), 1 x 16384 7.09 / 6.69 (6.32; 256 blocks). The edge
 # launch costs ~0.35 ms at both lengths (2048 programs of two 64 x 128 tiles, pointer loads, 320 bytes of spills).
 DS_EDGES_APART_BLOCKS = 256
-# A tiled grid of a banded call (causal, windows) takes its (batch x heads) rows in groups of about this many
-# programs, each group block-major: every row's heaviest block first, then the next (masking.tile_order). The GPU
+# A tiled grid of a causal call (a band bounded on the right only; windows' blocks are of about equal work) takes its
+# (batch x heads) rows in groups of about this many programs, each group block-major: every row's heaviest block first, then the next (masking.tile_order). The GPU
 # starts programs in launch order, so the heavy ones start first and the last wave is light. Row-major, the last
 # row's heaviest block started late: greedy dispatch of the causal grouped-query dK/dV grid (4 x 4096, 8 key-value
 # heads of 4, 128-key blocks, 132 SMs at one program each) finishes 1.14x its mean work, grouped 1.00x; the D 64
 # forward's (4 x 4096 x 32 and 1 x 16384 x 32, 128 queries, two programs per SM) 1.08x and 1.06x, grouped 1.00x.
 # Measured, H200, bf16, causal, ms, row-major / grouped (two runs each, same process order): grouped-query 4 x
 # 4096 x 32 / 8 heads D 128 backward 4.79, 4.81 / 4.23, 4.19; D 64 forward 4 x 4096 x 32 0.806, 0.813 / 0.778,
-# 0.773, 1 x 16384 x 32 2.890, 2.885 / 2.746, 2.746; D 128 1 x 2048 x 16 backward 0.192, 0.208 / 0.133, 0.150. Not
-# changed: D 128 4 x 4096 x 16 and x 32 (backward 1.97 / 1.97, 4.44 / 4.43), 16 x 1024 x 16, and calls without a
-# band (the same code). A group's rows share L2 (their Q / dO or K / V), so groups stay about a wave or two: the
+# 0.773, 1 x 16384 x 32 2.890, 2.885 / 2.746, 2.746; D 128 1 x 2048 x 16 backward 0.192, 0.208 / 0.133, 0.150 (with
+# 256 for dK/dV too, as in the rest of this line). Not
+# changed: D 128 4 x 4096 x 16 and x 32 (backward 1.97 / 1.97, 4.44 / 4.43; the model expected 3-7 % at x 16),
+# 16 x 1024 x 16, and calls without a band (the same code). A group's rows share L2 (their Q / dO or K / V), so groups stay about a wave or two: the
 # dS dK/dV row (one program per SM) takes 128 (GROUP_PROGRAMS below).
 TILED_GROUP_PROGRAMS = 256
 # the edge launch's compiler options (its blocks are the TMA row's: the two split each tile's blocks)

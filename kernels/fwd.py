@@ -22,6 +22,7 @@ import triton.language as tl
 from .dropout import keep, load_seed
 from .masking import (element_tiles, head_start, key_blocks, load_ids, load_tile, persistent_rounds, persistent_tile,
                       place, span_block, span_blocks, store_tile, tile_order)
+from .configs import TILED_GROUP_PROGRAMS
 from .scores import scores
 
 
@@ -116,7 +117,8 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
              BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
              SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr, POSITIONS: tl.constexpr,
              TMA: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False, KEYS_EVEN: tl.constexpr = False,
-             EDGES_FIRST: tl.constexpr = False, PERSISTENT: tl.constexpr = False, EDGES: tl.constexpr = 0):
+             EDGES_FIRST: tl.constexpr = False, PERSISTENT: tl.constexpr = False, EDGES: tl.constexpr = 0,
+             GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS):
     """lo_off / hi_off / BANDED: the visible band, QSeg / KSeg (batch, seq) int32 and KeyRanges /
     SEGMENTS: segment ids, Positions (batch, 3) int32 / POSITIONS: the call as a block of a larger one
     (masking.py); softcap / SOFTCAP and Slopes (batch, H) fp32 / ALIBI: logit modifiers (scores.py);
@@ -138,7 +140,7 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     (out, lse) that is the online softmax's whole state; 2 (pointer loads) only the masked blocks at the
     band's edges, continuing from that partial result (Part, PartLse; placeholders otherwise). Triton 3.6's
     warp-specialised loop can take no second loop nor branch, so without this it masks every block of a band
-    (H200: +11-19 % on the D 128 forward)."""
+    (H200: +11-19 % on the D 128 forward). GROUP_PROGRAMS: a causal tiled grid's group (masking.tile_order)."""
     # the TMA path: a TMA row, 16-bit inputs, a whole-tile head
     USE_TMA: tl.constexpr = TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM)
     # EDGES: the unmasked part through TMA; no dropout, fp8 or segment ids (the partial would carry keep_scale,
@@ -164,7 +166,7 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
                       DESCRIPTORS=True, EDGES=EDGES)
     else:
         # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
-        i, bh = tile_order(BANDED)
+        i, bh = tile_order(BANDED, GROUP_PROGRAMS)
         _fwd_tile((tl.num_programs(0) - 1 - i) * BLOCK_M, bh, Q, K, V, Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale,
                   KDescale, VDescale, Positions, Part, PartLse, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
                   hi_off, Out, Lse, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,

@@ -24,8 +24,6 @@ block is then masked.
 import triton
 import triton.language as tl
 
-from .configs import TILED_GROUP_PROGRAMS
-
 UNBOUNDED = tl.constexpr(1 << 30)  # an offset beyond any sequence length, small enough not to overflow
 
 
@@ -56,14 +54,15 @@ def persistent_rounds(n_tiles):
 
 
 @triton.jit
-def tile_order(BANDED: tl.constexpr, GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS):
+def tile_order(BANDED: tl.constexpr, GROUP_PROGRAMS: tl.constexpr):
     """(i, row) of this program of a tiled grid, (blocks, rows) = tl.num_programs(0, 1): its row's i-th block
-    in the caller's order, heaviest first. Without a band the program ids. With a band (blocks' work differs)
-    the rows go in groups of about configs.TILED_GROUP_PROGRAMS programs, block-major within a group (every
-    row's block 0, then block 1...): the GPU starts programs in launch order, so the heaviest of the group's
-    rows start first and its last wave is light; a group's rows are few, and share L2. (The same order in
-    numpy: jax_flash_amd/_launch.py tiled_order.)"""
-    if BANDED:
+    in the caller's order (causal: the heaviest first). The program ids, but with a band bounded on the right only
+    (causal: blocks' work grows along the row): then the rows go in groups of about GROUP_PROGRAMS programs,
+    block-major within a group (every row's block 0, then block 1...): the GPU starts programs in launch order,
+    so the heaviest of the group's rows start first and its last wave is light; a group's rows are few, and share
+    L2. (Two-sided bands, windows, have blocks of about equal work.) The same order in numpy:
+    jax_flash_amd/_launch.py tiled_order."""
+    if BANDED == 1:
         n = tl.num_programs(0)
         per = tl.maximum(GROUP_PROGRAMS // n, 1)  # rows per group
         i = tl.program_id(1) * n + tl.program_id(0)

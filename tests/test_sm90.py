@@ -382,13 +382,13 @@ def _tiled_grid_order(Tiles, BANDED: tl.constexpr, GROUP_PROGRAMS: tl.constexpr)
 
 
 @pytest.mark.parametrize("n_blocks, rows, group", [(4, 6, 8), (3, 7, 6), (5, 2, 256), (1, 5, 2), (6, 5, 4), (4, 3, 1)])
-@pytest.mark.parametrize("banded", [0, 1])
+@pytest.mark.parametrize("banded", [0, 1, 3])
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
 def test_tiled_grid_order(n_blocks, rows, group, banded):
-    """Every (block, row) once. Without a band in row-major order; with one, rows in groups of
-    max(group // n_blocks, 1) (the last may be fewer), each group's tiles block-major (every row's heaviest
-    block first), so launch order is longest first within a group. The launcher's model of it (tiled_order,
-    which _tiled_finish weighs persistent grids against) says the same."""
+    """Every (block, row) once. Row-major, but with a band bounded on the right only (BANDED 1: causal) rows in
+    groups of max(group // n_blocks, 1) (the last may be fewer), each group's tiles block-major (every row's
+    heaviest block first), so launch order is longest first within a group. The launcher's model of it
+    (tiled_order, which _tiled_finish weighs persistent grids against) says the same."""
     from jax_flash_amd import _interpret
     _interpret.check_available()
     (tiles,) = _interpret.run(_launch._launch(
@@ -397,11 +397,40 @@ def test_tiled_grid_order(n_blocks, rows, group, banded):
         constexprs=dict(BANDED=banded, GROUP_PROGRAMS=group), options={}))
     got = [tuple(t) for t in np.asarray(tiles).astype(int).tolist()]
     assert sorted(got) == [(i, r) for i in range(n_blocks) for r in range(rows)]
-    per = max(group // n_blocks, 1) if banded else 1
+    per = max(group // n_blocks, 1) if banded == 1 else 1
     want = [(i, r) for first in range(0, rows, per) for i in range(n_blocks)
             for r in range(first, min(first + per, rows))]
     assert got == want
-    assert got == [tuple(t) for t in _launch.tiled_order(n_blocks, rows, bool(banded), group).tolist()]
+    assert got == [tuple(t) for t in _launch.tiled_order(n_blocks, rows, banded == 1, group).tolist()]
+
+
+@pytest.mark.parametrize("path", ["seven", "ds"])
+@pytest.mark.parametrize("case", ["whole-causal", "cross-causal-rows-empty", "gqa-groups"])
+@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
+def test_grouped_tile_order_in_the_interpreter(case, path):
+    """Every kernel's causal grid in groups of a few rows, the last group partial (GROUP_PROGRAMS 8 in every row:
+    the forward's 3-4 query blocks take 2 rows a group, dQ's and dK/dV's 2 blocks 4, of 6 rows): right against
+    float64, and the same bits as one group (the default at these sizes), since the order only moves which
+    program runs a tile."""
+    from jax_flash_amd import _interpret
+    _interpret.check_available()
+    c = {**dict(window=(-1, -1), h=2, h_kv=2), **TMA_CASES[case]}
+    b, h, d, dtype = 3, c["h"], 32, jnp.float16
+    base_rows = TMA_INTERPRET_ROWS if path == "seven" else DS_INTERPRET_ROWS
+    grouped = {kernel: dict(row, GROUP_PROGRAMS=8) for kernel, row in base_rows.items()}
+    q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), dtype, seed=7)
+    statics = _launch.Statics(d ** -0.5, Band.of(True, c["window"], c["sq"], c["sk"]))
+    results = []
+    for rows in (grouped, base_rows):
+        out, lse2 = _launch.forward(_interpret.run, "interpret", q, k, v, statics=statics, rows=rows)
+        results.append((out, lse2) + _launch.backward(_interpret.run, "interpret", q, k, v, out, lse2, dout, dlse,
+                                                      statics=statics, rows=rows))
+    for got, same in zip(*results):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(same))
+    out, lse2, dq, dk, dv = results[0]
+    ref = oracle.attention(q, k, v, dout, dlse, causal=True)
+    base = run_impl("xla", q, k, v, dout, dlse, causal=True)
+    assert_close(dict(out=out, lse=lse2 * np.log(2), dq=dq, dk=dk, dv=dv), ref, base, dtype)
 
 
 @pytest.mark.parametrize("shape, causal, window, persistent", [
