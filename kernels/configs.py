@@ -205,18 +205,18 @@ EDGES_APART_BLOCKS = 64
 # launch costs ~0.35 ms at both lengths (2048 programs of two 64 x 128 tiles, pointer loads, 320 bytes of spills).
 DS_EDGES_APART_BLOCKS = 256
 # A tiled grid of a causal call (a band bounded on the right only; windows' blocks are of about equal work) takes its
-# (batch x heads) rows in groups of about this many programs, each group block-major: every row's heaviest block first, then the next (masking.tile_order). The GPU
-# starts programs in launch order, so the heavy ones start first and the last wave is light. Row-major, the last
-# row's heaviest block started late: greedy dispatch of the causal grouped-query dK/dV grid (4 x 4096, 8 key-value
-# heads of 4, 128-key blocks, 132 SMs at one program each) finishes 1.14x its mean work, grouped 1.00x; the D 64
-# forward's (4 x 4096 x 32 and 1 x 16384 x 32, 128 queries, two programs per SM) 1.08x and 1.06x, grouped 1.00x.
-# Measured, H200, bf16, causal, ms, row-major / grouped (two runs each, same process order): grouped-query 4 x
-# 4096 x 32 / 8 heads D 128 backward 4.79, 4.81 / 4.23, 4.19; D 64 forward 4 x 4096 x 32 0.806, 0.813 / 0.778,
-# 0.773, 1 x 16384 x 32 2.890, 2.885 / 2.746, 2.746; D 128 1 x 2048 x 16 backward 0.192, 0.208 / 0.133, 0.150 (with
-# 256 for dK/dV too, as in the rest of this line). Not
-# changed: D 128 4 x 4096 x 16 and x 32 (backward 1.97 / 1.97, 4.44 / 4.43; the model expected 3-7 % at x 16),
-# 16 x 1024 x 16, and calls without a band (the same code). A group's rows share L2 (their Q / dO or K / V), so groups stay about a wave or two: the
-# dS dK/dV row (one program per SM) takes 128 (GROUP_PROGRAMS below).
+# (batch x heads) rows in groups of about this many programs, each group block-major: every row's heaviest block
+# first, then the next (masking.tile_order). The GPU starts programs in launch order, so the heavy ones start first
+# and the last wave is light. Row-major, the last row's heaviest block started late: greedy dispatch of the causal
+# grouped-query dK/dV grid (4 x 4096, 8 key-value heads of 4, 128-key blocks, 132 SMs at one program each) finishes
+# 1.14x its mean work, grouped 1.00x; the D 64 forward's (4 x 4096 x 32 and 1 x 16384 x 32, 128 queries, two programs
+# per SM) 1.08x and 1.06x, grouped 1.00x. Measured, H200, bf16, causal, ms, row-major / grouped (two runs each, same
+# process order): grouped-query 4 x 4096 x 32 / 8 heads D 128 backward 4.79, 4.81 / 4.23, 4.19; D 64 forward 4 x 4096
+# x 32 0.806, 0.813 / 0.778, 0.773, 1 x 16384 x 32 2.890, 2.885 / 2.746, 2.746; D 128 1 x 2048 x 16 backward 0.192,
+# 0.208 / 0.133, 0.150 (with 256 for dK/dV too, as in the rest of these). Not changed: D 128 4 x 4096 x 16 and x
+# 32 (backward 1.97 / 1.97, 4.44 / 4.43; the model expected 3-7 % at x 16), 16 x 1024 x 16, and calls without a band
+# (the same code). A group's rows share L2 (their Q / dO or K / V), so groups stay about a wave or two: the D 128 TMA
+# dK/dV row (one program per SM) takes 128 (GROUP_PROGRAMS below).
 TILED_GROUP_PROGRAMS = 256
 # the edge launch's compiler options (its blocks are the TMA row's: the two split each tile's blocks)
 EDGE_OPTIONS = {"fwd": dict(num_warps=8, num_stages=2), "dkdv": dict(num_warps=8, num_stages=1)}

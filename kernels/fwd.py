@@ -167,7 +167,8 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     else:
         # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
         i, bh = tile_order(BANDED, GROUP_PROGRAMS)
-        _fwd_tile((tl.num_programs(0) - 1 - i) * BLOCK_M, bh, Q, K, V, Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale,
+        start_m = (tl.num_programs(0) - 1 - i) * BLOCK_M
+        _fwd_tile(start_m, bh, Q, K, V, Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale,
                   KDescale, VDescale, Positions, Part, PartLse, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
                   hi_off, Out, Lse, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                   BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,

@@ -371,7 +371,7 @@ def test_persistent_tiles_cover_every_tile_once(programs, n_blocks, rows):
             np.testing.assert_array_equal(tiles[p, r], want, err_msg=f"program {p} round {r}")
 
 
-# ----- tiled grids (masking.tile_order): banded calls' rows in groups, block-major -----
+# ----- tiled grids (masking.tile_order): causal calls' rows in groups, block-major -----
 @triton.jit
 def _tiled_grid_order(Tiles, BANDED: tl.constexpr, GROUP_PROGRAMS: tl.constexpr):
     """Tiles (programs, 2): the (i, row) of each program, in launch order (x fastest)."""
