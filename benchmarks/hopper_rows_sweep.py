@@ -4,7 +4,7 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
     python -m benchmarks.hopper_rows_sweep [OUT.json [SET,...]]    # sets: d64, window, mask, d128bwd, persistent,
                                                                    # d64persistent, d64long, windowpersistent, windowany,
                                                                    # tail, ds, dkdvpersistent, dkdvpersistent2048, wsfallback,
-                                                                   # d128seven, edges, bm256
+                                                                   # d128seven, edges, bm256, dropoutds, dropoutfwd, ds16k
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -18,9 +18,10 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from jax_flash_amd import _launch, _triton
+from jax_flash_amd import _launch, _triton, reference
 from jax_flash_amd._config_choice import pick_config
 from jax_flash_amd.kernels import configs
+from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
 from jax_flash_amd.timing import median_seconds
 
@@ -120,6 +121,24 @@ WS_FALLBACK = {64: {"dkdv": [configs._SM90_DKDV64_TMA, dict(configs._SM90_DKDV64
                               pointer_dkdv(128)]}}
 
 
+# dropout's dK/dV rows on the dS path (pointer loads, dS^T stored; "_dropout": the rate these cases run at), against
+# its seven products (DS=False)
+def _drop(d, bm, bn, w, s, ds=True):
+    return _row(d, bm, bn, w, s, tma=False, **({"DS": True} if ds else {}))
+
+
+DROPOUT_DS = {"dkdv": [_drop(128, 32, 64, 4, 3, ds=False), _drop(128, 64, 64, 4, 3), _drop(128, 64, 64, 4, 2),
+                       _drop(128, 32, 128, 4, 3), _drop(128, 64, 128, 8, 2), _drop(128, 32, 64, 4, 2),
+                       _drop(128, 32, 64, 8, 3)],
+              "_dropout": 0.1}
+# and the forward's (sm90 runs dropout on the CUDA pointer row: 128 x 128 x 8 x 3 at D 128)
+DROPOUT_FWD = {"fwd": [_drop(128, 128, 64, 8, 3, ds=False), _drop(128, 128, 128, 8, 2, ds=False),
+                       _drop(128, 64, 128, 4, 3, ds=False), _drop(128, 64, 64, 4, 3, ds=False),
+                       _drop(128, 128, 32, 8, 3, ds=False)],
+               "_dropout": 0.1}
+DROPOUT_DS64 = {"dkdv": [_drop(64, 32, 128, 4, 3), _drop(64, 64, 64, 4, 3), _drop(64, 32, 64, 4, 3)],
+                "_dropout": 0.1}
+
 # what the mask costs the D 128 TMA forward: the shipped row with every block masked
 MASK_PROBE = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, KEYS_EVEN=False)]}
 
@@ -154,6 +173,12 @@ SETS = {
               for n in (1024, 4096, 16384) for causal in (False, True)],
     "wsfallback": [((16384 // n, n, 2048 // d, d), causal, (-1, -1), WS_FALLBACK[d]) for d in (64, 128)
                    for n in (1024, 4096, 16384) for causal in (False, True)],
+    "dropoutds": [((4, 4096, 16, 128), causal, (-1, -1), DROPOUT_DS) for causal in (False, True)]
+                 + [((1, 16384, 16, 128), False, (-1, -1), DROPOUT_DS)]
+                 + [((4, 4096, 32, 64), causal, (-1, -1), DROPOUT_DS64) for causal in (False, True)],
+    "dropoutfwd": [((4, 4096, 16, 128), causal, (-1, -1), DROPOUT_FWD) for causal in (False, True)]
+                  + [((1, 16384, 16, 128), False, (-1, -1), DROPOUT_FWD)],
+    "ds16k": [((1, 16384, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)],
     "ds": [((4, 4096, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)]
           + [((4, 4096, 32, 64), causal, (-1, -1), DS_D64) for causal in (False, True)],
 }
@@ -179,21 +204,24 @@ def main(out_path, sets):
     for (b, n, h, d), causal, window, candidates in [case for name in sets for case in SETS[name]]:
         candidates = dict(candidates)
         limits = candidates.pop("_limits", {})  # for the candidates only: the defaults run the shipped ones
+        dropout_p = candidates.pop("_dropout", 0.0)
         shipped_limits = {key: getattr(configs, key) for key in limits}
         ks = jax.random.split(jax.random.key(0), 4)
         q, k, v, do = (jax.random.normal(x, (b, n, h, d), jnp.bfloat16) for x in ks)
-        statics = _launch.Statics(d ** -0.5, Band.of(causal, window, n, n))
+        statics = _launch.Statics(d ** -0.5, Band.of(causal, window, n, n), dropout_p=dropout_p)
+        extras = Operands(seeds=reference.dropout_seeds(jax.random.key(1), b, h) if dropout_p else None)
         dlse = jnp.zeros((b, h, n), jnp.float32)
-        line = dict(shape=(b, n, h, d), causal=causal, window=window)
+        line = dict(shape=(b, n, h, d), causal=causal, window=window, **({"dropout": dropout_p} if dropout_p else {}))
 
         def fwd(rows):
-            return jax.jit(lambda q, k, v: _launch.forward(_triton.run, target, q, k, v, statics=statics, rows=rows))
+            return jax.jit(lambda q, k, v: _launch.forward(_triton.run, target, q, k, v, extras, statics=statics,
+                                                           rows=rows))
 
         out, lse = fwd(None)(q, k, v)
 
         def bwd(rows):
             return jax.jit(lambda q, k, v, o, l, do: _launch.backward(_triton.run, target, q, k, v, o, l, do, dlse,
-                                                                       statics=statics, rows=rows))
+                                                                       extras, statics=statics, rows=rows))
 
         ref = {"fwd": (out,)}
         if any(kn != "fwd" for kn in candidates):

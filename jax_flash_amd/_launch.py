@@ -394,16 +394,20 @@ def ds_workspace(batch: int, heads: int, sq: int, sk: int, block_n: int) -> tupl
 def ds_heads(target: str, q, k, statics: Statics, extras: Operands = Operands(), rows=None) -> int:
     """Key/value heads per launch of the dS path (kernels/bwd.py), 0 for the seven-product path
     (_ds_heads, for the dK/dV config the call takes)."""
-    return _ds_heads(q, k, statics, _dkdv_config(target, q, k, statics, extras, rows)[0])
+    return _ds_heads(q, k, statics, extras, _dkdv_config(target, q, k, statics, extras, rows)[0])
 
 
-def _ds_heads(q, k, statics: Statics, dkdv_blocks: dict) -> int:
+def _ds_heads(q, k, statics: Statics, extras: Operands, dkdv_blocks: dict) -> int:
     """The most key/value heads per launch (a divisor of them, so every launch compiles the same) whose
     workspace (ds_workspace) stays within configs.DS_WORKSPACE_BYTES, its rows within int32 (TMA
-    coordinates); 0 where none does. Only with a dK/dV row marked DS (sm90 TMA rows: the path's H200
-    measurements in configs.py), and not for narrow windows (configs.NARROW_WINDOW: the workspace would
-    hold whole rows of which the band uses a few blocks; seven products measured fast enough there)."""
-    if (not dkdv_blocks.get("DS") or not dkdv_blocks.get("TMA") or dkdv_blocks["SPLIT"]
+    coordinates); 0 where none does. Only with a dK/dV row marked DS (sm90: the TMA rows, and the dropout
+    row through pointer loads; the path's H200 measurements in configs.py), for what attn_bwd_dq_ds reads
+    (16-bit, power-of-two heads: TMA descriptors), not with segment ids (dK/dV skips the blocks outside a
+    segment's range, whose workspace tiles dQ would then read unwritten), and not for narrow windows
+    (configs.NARROW_WINDOW: the workspace would hold whole rows of which the band uses a few blocks; seven
+    products measured fast enough there)."""
+    if (not dkdv_blocks.get("DS") or dkdv_blocks["SPLIT"] or jnp.dtype(q.dtype).itemsize != 2
+            or block_d(q.shape[3], q.dtype) != q.shape[3] or extras.q_segment_ids is not None
             or statics.band.narrow(configs.NARROW_WINDOW)):
         return 0
     b, sq, h, _ = q.shape
@@ -419,7 +423,7 @@ def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Oper
              statics: Statics, rows=None):
     """(dq, dk, dv) for cotangents dout (like out) and dlse (of the natural lse); lse2 as forward returns it."""
     dkdv = _dkdv_config(target, q, k, statics, extras, rows)
-    heads = _ds_heads(q, k, statics, dkdv[0])
+    heads = _ds_heads(q, k, statics, extras, dkdv[0])
     if not heads:
         return _backward_7(run, target, q, k, v, out, lse2, dout, dlse, extras, statics, rows, dkdv)
     h_kv, group = k.shape[2], q.shape[2] // k.shape[2]

@@ -207,7 +207,7 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                   DV: tl.constexpr, EDGES: tl.constexpr = 0, DS: tl.constexpr = False,
                   GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS):
     """dK (DK) and / or dV (DV) of one key block; EDGES == 2 (attn_bwd_dkdv): only the masked query blocks,
-    added to the partial DKPart / DVPart, and with DS (the dS path) their dS^T stored to its workspace DSPart."""
+    added to the partial DKPart / DVPart; DS (the dS path): every visited tile's dS^T to the workspace DSPart."""
     i, bh = tile_order(BANDED, GROUP_PROGRAMS)  # bh: batch * KV_H
     start_n = i * BLOCK_N  # causal: the heaviest first
     b = bh // KV_H
@@ -241,7 +241,7 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                              sm_scale, softcap, QSeg, k_ids, keep_scale, MASKED=False, H=H, GROUP=GROUP,
                              HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                              SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                             POSITIONS=POSITIONS, DK=DK, DV=DV)
+                             POSITIONS=POSITIONS, DK=DK, DV=DV, ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS)
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, begin, full_begin, full_end, end,
                          start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
                          QSeg, k_ids, keep_scale, MASKED=True, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
@@ -360,7 +360,7 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
     TMA (Hopper config rows; which calls take them: jax_flash_amd/_launch.py _takes_tma): tiles through
     TMA descriptors, WARP_SPECIALIZE splitting the query loop into producer and consumer warps;
     QUERIES_EVEN says every query and key block is whole (the loop then runs unmasked without a band).
-    dS: the dS path's workspace (ds_tiles), written where DS (TMA only), else a placeholder.
+    dS: the dS path's workspace (ds_tiles), written where DS (sm90 rows), else a placeholder.
     EDGES (as attn_fwd's; which calls: jax_flash_amd/_launch.py edges_apart): 1 (the TMA loop) only the query
     blocks that see every key of the block, unmasked, dK and dV then float32 partial sums; 2 (pointer loads)
     only the masked ones at the band's edges, added to those (DKPart, DVPart; placeholders otherwise); on the
@@ -376,12 +376,12 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                           BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS,
                           WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS, PERSISTENT=PERSISTENT,
                           EDGES=EDGES, GROUP_PROGRAMS=GROUP_PROGRAMS)
-    elif not SPLIT:
+    elif not SPLIT:  # dS^T (DS) to this launch's workspace, or on the edge launch (EDGES == 2) to the first's
         _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
-                      DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=True, H=H,
-                      KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                      SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                      POSITIONS=POSITIONS, EDGES=EDGES, DS=DS and EDGES == 2,
+                      DSPart if EDGES == 2 else dS, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK,
+                      dV, DK=True, DV=True, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
+                      BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                      DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, EDGES=EDGES, DS=DS,
                       GROUP_PROGRAMS=GROUP_PROGRAMS)
     elif tl.program_id(2) == 0:
         _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,

@@ -273,8 +273,13 @@ _SM90_DKDV64_TMA = dict(_SM90_DKDV_TMA, max_block_d=64, min_block_d=64, BLOCK_M=
 _SM90_DQ64_TMA = dict(_SM90_DQ_TMA, max_block_d=64, min_block_d=64, num_stages=3)
 
 
-# the dS path's dQ (attn_bwd_dq_ds: a product from memory, 16-bit, power-of-two heads up to 128)
-_SM90_DQ_DS = dict(max_block_d=128, max_itemsize=2, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+# dropout, D 128: the pointer row's tiles (TMA loops do not take dropout: _launch._takes_tma) on the dS path, so
+# that each tile's keep mask is drawn once (dK/dV) instead of twice and dQ is one product instead of three
+_SM90_DKDV_DROPOUT = dict(next(r for r in _CUDA_TARGET["dkdv+dropout"] if r["max_block_d"] == 128), min_block_d=128,
+                          max_itemsize=2, DS=True)
+
+# the dS path's dQ (attn_bwd_dq_ds: a product from memory, 16-bit, power-of-two heads up to 128); its tiles: CANDIDATES
+_SM90_DQ_DS = dict(max_block_d=128, max_itemsize=2, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
 # the most memory the dS path's workspace (16-bit dS of seq_q x seq_k per head) may take per launch; a call
 # needing more runs by groups of heads, or, where one head's does not fit, takes the seven-product path
 DS_WORKSPACE_BYTES = 2 << 30
@@ -304,6 +309,7 @@ _SM90_TARGET = {**_CUDA_TARGET, "fwd": _sm90(_CUDA["fwd"], _SM90_FWD_TMA, _SM90_
                 # runs persistent (its short key ranges: at any length, _launch.persistent_programs)
                 "fwd+window": _sm90(_CUDA_TARGET["fwd+window"], dict(_SM90_FWD_TMA, persistent_only=True)),
                 "dkdv+window": _sm90(_CUDA_TARGET["dkdv+window"], _SM90_DKDV_TMA),  # seven products
+                "dkdv+dropout": _sm90(_CUDA_TARGET["dkdv+dropout"], _SM90_DKDV_DROPOUT),
                 # (_launch.ds_heads: no dS path for narrow windows)
                 "dqds": [_SM90_DQ_DS],
                 "dq+window": _sm90(_CUDA_TARGET["dq+window"], _SM90_DQ_TMA)}
@@ -410,11 +416,12 @@ CANDIDATES = {
     "sm90": {**_CUDA_CANDIDATES, "fwd": _with_tma(_CUDA_CANDIDATES["fwd"], [_SM90_FWD_TMA]),
              "dkdv": _with_tma(_CUDA_CANDIDATES["dkdv"], [_SM90_DKDV64_TMA, _SM90_DKDV_TMA]),
              "dq": _with_tma(_CUDA_CANDIDATES["dq"], [_SM90_DQ64_TMA, _SM90_DQ_TMA]),
-             # H200, bf16, whole backward on the dS path, 4 x 4096 x 16 x 128 ms non-causal / causal
-             # (benchmarks/hopper_rows_sweep.py ds): 128 x 64 x 8 x 3 (shipped) 2.909 / 1.745, 64 x 64 x 4 x 3
-             # 2.891 / 1.680, 128 x 128 x 8 x 3 2.857 / 1.703, 64 x 128 x 4 x 3 2.994 / 1.801
-             "dqds": [_SM90_DQ_DS, dict(_SM90_DQ_DS, BLOCK_M=64, num_warps=4),
-                      dict(_SM90_DQ_DS, BLOCK_N=128)]},
+             # H200, bf16, whole backward on the dS path, ms non-causal / causal (benchmarks/hopper_rows_sweep.py
+             # ds, ds16k; each set one run): 4 x 4096 x 16 x 128: 128 x 64 x 8 x 3 2.909 / 1.745, 64 x 64 x 4 x 3
+             # 2.891 / 1.680, 128 x 128 x 8 x 3 (shipped since) 2.857 / 1.703, 64 x 128 x 4 x 3 2.994 / 1.801;
+             # 1 x 16384 x 16 x 128: 128 x 64 13.26 / 6.63, 64 x 64 13.24 / 6.68, 128 x 128 12.82 / 6.58
+             "dqds": [_SM90_DQ_DS, dict(_SM90_DQ_DS, BLOCK_N=64),
+                      dict(_SM90_DQ_DS, BLOCK_M=64, BLOCK_N=64, num_warps=4)]},
     "gfx90a": _hip_candidates(),
     "gfx942": _hip_candidates(),
     "gfx950": _hip_candidates(),

@@ -213,6 +213,78 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     assert_close(dict(out=out, lse=lse2 * np.log(2), dq=dq, dk=dk, dv=dv), ref, base, dtype)
 
 
+# dropout on the dS path (sm90's dropout row: pointer loads, dS^T stored through a descriptor): its keep mask drawn
+# once, by dK/dV, and dQ from dS; the interpreter's dropout tiles (32-key groups of random bytes)
+DROPOUT_DS_ROWS = {"dkdv": dict(max_block_d=512, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, DS=True),
+                   "dqds": DS_INTERPRET_ROWS["dqds"]}
+DROPOUT_DS_CASES = {
+    "full-ragged": dict(sq=44, sk=44), "causal-whole": dict(sq=64, sk=64, causal=True),
+    "cross-causal": dict(sq=37, sk=53, causal=True), "window": dict(sq=44, sk=44, window=(9, 4)),
+    "softcap-alibi": dict(sq=44, sk=44, causal=True, softcap=5.0, alibi=True),
+    "gqa-by-heads": dict(sq=44, sk=44, causal=True, h=4, h_kv=2, by_heads=True),
+}
+
+
+@pytest.mark.parametrize("case", list(DROPOUT_DS_CASES))
+@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
+def test_dropout_on_the_ds_path_in_the_interpreter(case, monkeypatch):
+    """The keep mask of dK/dV's dS tiles is the forward's (float64 oracle with reference.dropout_keep), and dQ
+    comes from those tiles alone (no dQ kernel draws one)."""
+    from jax_flash_amd import _interpret
+    _interpret.check_available()
+    _dropout_on_the_ds_path(case, "interpret", _interpret.run, DROPOUT_DS_ROWS, 32, 1, jnp.float16, monkeypatch)
+
+
+@pytest.mark.parametrize("case", list(DROPOUT_DS_CASES))
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_dropout_on_the_ds_path(case, dtype, monkeypatch):
+    """The same with sm90's shipped dropout rows, D 128, the lengths 7 times the interpreter's."""
+    if _triton.target() != "sm90":
+        pytest.skip("needs a Hopper GPU")
+    _dropout_on_the_ds_path(case, "sm90", _triton.run, None, 128, 7, dtype, monkeypatch)
+
+
+def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, monkeypatch):
+    from jax_flash_amd import reference
+    c = {**dict(causal=False, window=(-1, -1), softcap=0.0, alibi=False, h=2, h_kv=2, by_heads=False),
+         **DROPOUT_DS_CASES[case]}
+    b, h, p, sq, sk = 2, c["h"], 0.25, c["sq"] * f, c["sk"] * f
+    window = tuple(w * f if w > 0 else w for w in c["window"])
+    monkeypatch.setattr(configs, "NARROW_WINDOW", 0)  # the window too (test_which_backwards_take_the_ds_path)
+    if c["by_heads"]:  # room for one key/value head's workspace: a launch per head
+        block_n = pick_config(target, "dkdv", d, dtype, rows, "dropout", tma=False)[0]["BLOCK_N"]
+        ws_rows, ws_cols = _launch.ds_workspace(b, h // c["h_kv"], sq, sk, block_n)
+        monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", ws_rows * ws_cols * 2)
+    q, k, v, dout, dlse = inputs((b, sq, h, d), (b, sk, c["h_kv"], d), dtype, seed=3)
+    rng = jax.random.key(5)
+    seeds = reference.dropout_seeds(rng, b, h)
+    slopes = jnp.asarray([[0.3, 0.1, 0.05, 0.2][:h]] * b, jnp.float32) if c["alibi"] else None
+    statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], window, sq, sk), softcap=c["softcap"], dropout_p=p)
+    launched = []
+
+    def run(launch):
+        launched.append(launch.kernel.__name__)
+        return run_launch(launch)
+
+    def fwd_bwd(q, k, v, dout, dlse, extras):
+        out, lse2 = _launch.forward(run, target, q, k, v, extras, statics=statics, rows=rows)
+        grads = _launch.backward(run, target, q, k, v, out, lse2, dout, dlse, extras, statics=statics, rows=rows)
+        return dict(out=out, lse=lse2 * np.log(2), **dict(zip(("dq", "dk", "dv"), grads)))
+
+    got = (fwd_bwd if target == "interpret" else jax.jit(fwd_bwd))(q, k, v, dout, dlse,
+                                                                  Operands(slopes=slopes, seeds=seeds))
+    assert launched.count("attn_bwd_dq_ds") == (c["h_kv"] if c["by_heads"] else 1), launched
+    assert "attn_bwd_dq" not in launched, launched
+    kw = dict(causal=c["causal"], softcap=c["softcap"])
+    ref = oracle.attention(q, k, v, dout, dlse, window=window, alibi=slopes, dropout_p=p,
+                           keep=reference.dropout_keep(seeds, sq, sk, p), **kw)
+    base = run_impl("xla", q, k, v, dout, dlse, window_size=window, alibi_slopes=slopes, dropout_p=p,
+                    dropout_rng=rng, **kw)
+    assert_close(got, ref, base, dtype)
+
+
 @pytest.mark.parametrize("shape, kv_heads, d, dtype, causal, window, softcap, heads", [
     ((4, 4096, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 0.0, 16),  # 2 GiB of dS: one launch
     ((1, 16384, 16), 16, 128, jnp.bfloat16, True, (-1, -1), 0.0, 4),  # 512 MiB per head: 4 heads a launch
@@ -225,14 +297,29 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     ((4, 4096, 16), 16, 128, jnp.float32, False, (-1, -1), 0.0, 0),
     ((4, 4095, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 0.0, 0),  # seq_q % 4: dK/dV's pointer row
     ((4, 4096, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 30.0, 0),  # softcap: dK/dV's pointer row
+    # dropout: its pointer row at D 128, softcap too (the pointer loop has no warp specialisation to spill in)
+    ((4, 4096, 16), 16, 128, jnp.bfloat16, True, (-1, -1), 0.0, "dropout 16"),
+    ((4, 4095, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 30.0, "dropout 16"),
+    ((1, 16384, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 0.0, "dropout 4"),
+    ((4, 4096, 32), 8, 128, jnp.bfloat16, True, (-1, -1), 0.0, "dropout 4"),
+    ((4, 4096, 16), 16, 128, jnp.bfloat16, True, (-1, -1), 0.0, "dropout segments 0"),
+    ((1, 16384, 16), 16, 128, jnp.bfloat16, True, (1024, 0), 0.0, "dropout 0"),  # narrow window: seven
+    ((4, 4096, 32), 32, 64, jnp.bfloat16, False, (-1, -1), 0.0, "dropout 0"),  # D 64: its pointer row
+    ((4, 4096, 16), 16, 96, jnp.bfloat16, False, (-1, -1), 0.0, "dropout 0"),  # padded head: dQ's descriptors
+    ((4, 4096, 16), 16, 128, jnp.float32, False, (-1, -1), 0.0, "dropout 0"),
 ])
 def test_which_backwards_take_the_ds_path(shape, kv_heads, d, dtype, causal, window, softcap, heads):
-    """_launch.ds_heads on sm90's rows: key/value heads per launch of the dS path, 0 for seven products."""
+    """_launch.ds_heads on sm90's rows: key/value heads per launch of the dS path, 0 for seven products
+    ("dropout [segments] N": with dropout [and segment ids])."""
     b, n, h = shape
     q = jax.ShapeDtypeStruct((b, n, h, d), dtype)
     k = jax.ShapeDtypeStruct((b, n, kv_heads, d), dtype)
-    statics = _launch.Statics(d ** -0.5, Band.of(causal, window, n, n), softcap=softcap)
-    assert _launch.ds_heads("sm90", q, k, statics) == heads
+    variant = str(heads).split()
+    statics = _launch.Statics(d ** -0.5, Band.of(causal, window, n, n), softcap=softcap,
+                              dropout_p=0.1 if "dropout" in variant else 0.0)
+    ids = jnp.zeros((b, n), jnp.int32)
+    extras = Operands(q_segment_ids=ids, kv_segment_ids=ids) if "segments" in variant else Operands()
+    assert _launch.ds_heads("sm90", q, k, statics, extras) == int(variant[-1])
 
 
 def test_operands_of_a_group_of_heads():
