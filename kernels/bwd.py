@@ -19,7 +19,7 @@ looping over key blocks (which calls: jax_flash_amd/_launch.py _dkdv).
 The dS path (Hopper rows with DS, _launch.backward: where its workspace fits configs.DS_WORKSPACE_BYTES):
 dK/dV also stores each tile's dS^T (16-bit, as dK's product reads it) to a workspace, and attn_bwd_dq_ds
 computes dQ = scale dS K from it: five products per tile, as FlashAttention's atomics give, still without
-atomics (deterministic). Delta then comes from _launch (XLA), as dK/dV runs first.
+atomics (deterministic); dS carries dropout's keep mask (only dK/dV draws it). Delta: _launch (XLA).
 """
 import triton
 import triton.language as tl

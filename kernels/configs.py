@@ -274,7 +274,13 @@ _SM90_DQ64_TMA = dict(_SM90_DQ_TMA, max_block_d=64, min_block_d=64, num_stages=3
 
 
 # dropout, D 128: the pointer row's tiles (TMA loops do not take dropout: _launch._takes_tma) on the dS path, so
-# that each tile's keep mask is drawn once (dK/dV) instead of twice and dQ is one product instead of three
+# that each tile's keep mask is drawn once (dK/dV) instead of twice and dQ is one product instead of three. H200,
+# bf16, p 0.1, whole backward ms, full / causal at 4 x 4096 x 16, full at 1 x 16384 x 16 (benchmarks/
+# hopper_rows_sweep.py dropoutds, one run): seven products 5.01 / 2.74 / 19.5, this row 4.44 / 2.40 / 17.7; with
+# the dS path 32 x 64 x 4 x 2 4.87 / 2.47 / 19.4, 64 x 64 x 4 x 2 4.88 / 2.51 / 19.0, 64 x 128 x 8 x 2 5.04 / 2.68 /
+# 21.0, 64 x 64 x 4 x 3 (524 bytes of spills) 7.13, 32 x 64 x 8 x 3 9.45, 32 x 128 x 4 x 3 13.2 (full, N 4096).
+# D 64 (its pointer row's tiles, 32 x 128 x 4 x 3: 7.62 / 3.97 ms at 4 x 4096 x 32) with the dS path: 32 x 64 x 4
+# x 3 6.58 / 4.07, 64 x 64 x 4 x 3 7.32 / 4.06, 32 x 128 7.33 / 4.28: faster full only, not shipped
 _SM90_DKDV_DROPOUT = dict(next(r for r in _CUDA_TARGET["dkdv+dropout"] if r["max_block_d"] == 128), min_block_d=128,
                           max_itemsize=2, DS=True)
 
