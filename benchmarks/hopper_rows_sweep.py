@@ -4,7 +4,8 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
     python -m benchmarks.hopper_rows_sweep [OUT.json [SET,...]]    # sets: d64, window, mask, d128bwd, persistent,
                                                                    # d64persistent, d64long, windowpersistent, windowany,
                                                                    # tail, ds, dkdvpersistent, dkdvpersistent2048, wsfallback,
-                                                                   # d128seven, edges, bm256, dropoutds, dropoutfwd, ds16k
+                                                                   # d128seven, edges, bm256, dropoutds, dropoutfwd,
+                                                                   # ds16k
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -63,7 +64,7 @@ def _dqds(d, bm, bn, w, s):
     return dict(max_block_d=d, max_itemsize=2, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
 
 
-DS_D128 = {"dqds": [_dqds(128, 64, 64, 4, 3), _dqds(128, 128, 128, 8, 3), _dqds(128, 64, 128, 4, 3)]}
+DS_D128 = {"dqds": [_dqds(128, 64, 64, 4, 3), _dqds(128, 128, 64, 8, 3), _dqds(128, 64, 128, 4, 3)]}
 DS_D64 = {"dkdv": [_row(64, 64, 128, 4, 2, ws=True, DS=True), _row(64, 128, 128, 4, 2, ws=True, DS=True),
                    _row(64, 64, 128, 4, 2, ws=True, DS=True, _with={"dqds": _dqds(64, 64, 64, 4, 3)})]}
 # the D 128 forward row one program per tile (the shipped one is persistent where balanced: kernels/configs.py)

@@ -100,11 +100,11 @@ def _reference_options(extras: Operands, opts: Options) -> dict:
                 kv_segment_ids=extras.kv_segment_ids, positions=extras.positions)
 
 
-def _rows(opts: Options, run, target, q, k, kernels):
+def _rows(opts: Options, run, target, q, k, kernels, extras: Operands = Operands()):
     # autotuned rows are timed without dropout and in 16-bit types; other calls keep the defaults
     if opts.dropout_p > 0 or fp8.is_fp8(q.dtype):
         return None
-    return autotune.rows_for(run, target, q, k, opts.statics, kernels)
+    return autotune.rows_for(run, target, q, k, opts.statics, kernels, extras)
 
 
 def _forward(opts: Options, treedef, q, k, v, *leaves):
@@ -116,8 +116,9 @@ def _forward(opts: Options, treedef, q, k, v, *leaves):
 def _backward(opts: Options, treedef, q, k, v, *rest):
     *leaves, out, lse2, dout, dlse = rest
     run, target = backend(opts.implementation)
-    return _launch.backward(run, target, q, k, v, out, lse2, dout, dlse, jax.tree.unflatten(treedef, leaves),
-                            statics=opts.statics, rows=_rows(opts, run, target, q, k, ("dkdv", "dq", "dqds")))
+    extras = jax.tree.unflatten(treedef, leaves)
+    return _launch.backward(run, target, q, k, v, out, lse2, dout, dlse, extras, statics=opts.statics,
+                            rows=_rows(opts, run, target, q, k, ("dkdv", "dq", "dqds"), extras))
 
 
 LN2 = 0.6931471805599453

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_flash_amd import _config_choice, _launch
+from jax_flash_amd.operands import Operands
 from jax_flash_amd.timing import median_seconds
 from jax_flash_amd.kernels import configs
 
@@ -89,13 +90,16 @@ def _key(target, kernel, q, k, statics: _launch.Statics):
             (statics.band.left, statics.band.right), bucket(q.shape[1], k.shape[1]))
 
 
-def rows_for(run, target: str, q, k, statics: _launch.Statics, kernels: tuple[str, ...]) -> dict | None:
-    """{kernel: row} for these kernels, tuning missing keys first; None when autotuning is off."""
+def rows_for(run, target: str, q, k, statics: _launch.Statics, kernels: tuple[str, ...],
+             extras: Operands = Operands()) -> dict | None:
+    """{kernel: row} for these kernels, tuning missing keys first; None when autotuning is off. extras:
+    the call's optional operands (segment ids decide which backward it runs)."""
     if not _enabled:
         return None
     rows = {}
     for kernel in kernels:
-        if kernel in ("dq", "dqds") and (kernel == "dqds") != bool(_launch.ds_heads(target, q, k, statics, rows=rows)):
+        if kernel in ("dq", "dqds") and (kernel == "dqds") != bool(_launch.ds_heads(target, q, k, statics, extras,
+                                                                                     rows=rows)):
             continue  # the backward this call runs (seven products, or the dS path) does not launch it
         key = _key(target, kernel, q, k, statics)
         if key not in _table:

@@ -315,8 +315,8 @@ _SM90_TARGET = {**_CUDA_TARGET, "fwd": _sm90(_CUDA["fwd"], _SM90_FWD_TMA, _SM90_
                 # runs persistent (its short key ranges: at any length, _launch.persistent_programs)
                 "fwd+window": _sm90(_CUDA_TARGET["fwd+window"], dict(_SM90_FWD_TMA, persistent_only=True)),
                 "dkdv+window": _sm90(_CUDA_TARGET["dkdv+window"], _SM90_DKDV_TMA),  # seven products
-                "dkdv+dropout": _sm90(_CUDA_TARGET["dkdv+dropout"], _SM90_DKDV_DROPOUT),
                 # (_launch.ds_heads: no dS path for narrow windows)
+                "dkdv+dropout": _sm90(_CUDA_TARGET["dkdv+dropout"], _SM90_DKDV_DROPOUT),
                 "dqds": [_SM90_DQ_DS],
                 "dq+window": _sm90(_CUDA_TARGET["dq+window"], _SM90_DQ_TMA)}
 

@@ -156,6 +156,31 @@ def test_tunes_on_the_calls_band(impl, tuning, monkeypatch):
     assert {key[4:6] for key in set(autotune.table()) - keys} == {("", (-1, 0))}
 
 
+def test_tunes_the_dq_kernel_of_the_path_the_call_takes(monkeypatch):
+    """On sm90 (D 128, bf16) a plain backward takes the dS path ("dqds"); with segment ids dK/dV takes its
+    pointer row and the seven products ("dq"): that is the dQ kernel tuned (no GPU: the tuning is faked)."""
+    import jax
+    from jax_flash_amd import _launch
+    from jax_flash_amd.operands import Operands
+    tuned = []
+
+    def fake(run_, target, kernel, q, k, statics, chosen):
+        tuned.append(kernel)
+        blocks, options = choice.pick_config(target, kernel, q.shape[3], q.dtype)
+        return {**blocks, **options}
+
+    monkeypatch.setattr(autotune, "_tune", fake)
+    q = jax.ShapeDtypeStruct((2, 4096, 16, 128), jnp.bfloat16)
+    statics = _launch.Statics(128 ** -0.5, Band.of(True, (-1, -1), 4096, 4096))
+    ids = jnp.zeros((2, 4096), jnp.int32)
+    with autotune.enabled():
+        for extras, dq in ((Operands(), "dqds"), (Operands(q_segment_ids=ids, kv_segment_ids=ids), "dq")):
+            autotune.forget()
+            tuned.clear()
+            autotune.rows_for(None, "sm90", q, q, statics, ("dkdv", "dq", "dqds"), extras)
+            assert tuned == ["dkdv", dq]
+
+
 def test_every_target_keyed_table_knows_every_target():
     """A target added to configs.TARGETS (e.g. "sm90") must be in every table keyed by target, or calls on
     that GPU fail with a KeyError deep in a launch."""

@@ -214,9 +214,10 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
 
 
 # dropout on the dS path (sm90's dropout row: pointer loads, dS^T stored through a descriptor): its keep mask drawn
-# once, by dK/dV, and dQ from dS; the interpreter's dropout tiles (32-key groups of random bytes)
+# once, by dK/dV, and dQ from dS; the interpreter's dropout tiles (32-key groups of random bytes), dQ's query tiles
+# twice dK/dV's (so that one spans written and skipped tiles, as on the GPU)
 DROPOUT_DS_ROWS = {"dkdv": dict(max_block_d=512, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, DS=True),
-                   "dqds": DS_INTERPRET_ROWS["dqds"]}
+                   "dqds": dict(DS_INTERPRET_ROWS["dqds"], BLOCK_M=64)}
 DROPOUT_DS_CASES = {
     "full-ragged": dict(sq=44, sk=44), "causal-whole": dict(sq=64, sk=64, causal=True),
     "cross-causal": dict(sq=37, sk=53, causal=True), "window": dict(sq=44, sk=44, window=(9, 4)),
