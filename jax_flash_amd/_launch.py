@@ -130,12 +130,16 @@ def _kind(q, k, statics: Statics) -> str:
     return row_kind(statics.band, statics.dropout_p, q.shape[2] // k.shape[2], fp8.is_fp8(q.dtype))
 
 
+def _whole_16bit_tiles(q) -> bool:
+    """16-bit inputs with a power-of-two head: what TMA descriptors over whole head tiles need."""
+    return jnp.dtype(q.dtype).itemsize == 2 and block_d(q.shape[3], q.dtype) == q.shape[3]
+
+
 def _takes_tma(q, statics: Statics, extras: Operands) -> bool:
-    """Whether a call may take the TMA rows (sm90, kernels/fwd.py and bwd.py): 16-bit inputs with a
-    power-of-two head (whole-tile descriptors), without dropout or segment ids (Triton 3.6's
-    warp-specialisation pass fails to compile those loops). Others take the target's pointer rows."""
-    return (jnp.dtype(q.dtype).itemsize == 2 and block_d(q.shape[3], q.dtype) == q.shape[3]
-            and statics.dropout_p == 0 and extras.q_segment_ids is None)
+    """Whether a call may take the TMA rows (sm90, kernels/fwd.py and bwd.py): _whole_16bit_tiles, without
+    dropout or segment ids (Triton 3.6's warp-specialisation pass fails to compile those loops). Others take
+    the target's pointer rows."""
+    return _whole_16bit_tiles(q) and statics.dropout_p == 0 and extras.q_segment_ids is None
 
 
 def _dkdv_takes_tma(q, statics: Statics, extras: Operands) -> bool:
@@ -402,13 +406,12 @@ def _ds_heads(q, k, statics: Statics, extras: Operands, dkdv_blocks: dict) -> in
     workspace (ds_workspace) stays within configs.DS_WORKSPACE_BYTES, its rows within int32 (TMA
     coordinates); 0 where none does. Only with a dK/dV row marked DS (sm90: the TMA rows, and the dropout
     row through pointer loads; the path's H200 measurements in configs.py), for what attn_bwd_dq_ds reads
-    (16-bit, power-of-two heads: TMA descriptors), not with segment ids (dK/dV skips the blocks outside a
+    (its TMA descriptors: _whole_16bit_tiles), not with segment ids (dK/dV skips the blocks outside a
     segment's range, whose workspace tiles dQ would then read unwritten), and not for narrow windows
     (configs.NARROW_WINDOW: the workspace would hold whole rows of which the band uses a few blocks; seven
     products measured fast enough there)."""
-    if (not dkdv_blocks.get("DS") or dkdv_blocks["SPLIT"] or jnp.dtype(q.dtype).itemsize != 2
-            or block_d(q.shape[3], q.dtype) != q.shape[3] or extras.q_segment_ids is not None
-            or statics.band.narrow(configs.NARROW_WINDOW)):
+    if (not dkdv_blocks.get("DS") or dkdv_blocks["SPLIT"] or not _whole_16bit_tiles(q)
+            or extras.q_segment_ids is not None or statics.band.narrow(configs.NARROW_WINDOW)):
         return 0
     b, sq, h, _ = q.shape
     sk, h_kv = k.shape[1], k.shape[2]

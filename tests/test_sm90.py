@@ -182,9 +182,7 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     if path.endswith("by-heads"):  # room for one key/value head's workspace: a launch per head
         if c["h_kv"] == 1:
             pytest.skip("one key/value head")
-        ws_rows, ws_cols = _launch.ds_workspace(b, h // c["h_kv"], c["sq"], c["sk"],
-                                                DS_INTERPRET_ROWS["dkdv"]["BLOCK_N"])
-        monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", ws_rows * ws_cols * 2)
+        _one_kv_head_per_launch(monkeypatch, b, h // c["h_kv"], c["sq"], c["sk"], DS_INTERPRET_ROWS["dkdv"]["BLOCK_N"])
     q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), dtype, seed=7)
     slopes = jnp.asarray([[0.3, 0.1, 0.05, 0.2][:h]] * b, jnp.float32) if c["alibi"] else None
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]), softcap=c["softcap"])
@@ -211,6 +209,12 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     ref = oracle.attention(q, k, v, dout, dlse, window=c["window"], alibi=slopes, **kw)
     base = run_impl("xla", q, k, v, dout, dlse, window_size=c["window"], alibi_slopes=slopes, **kw)
     assert_close(dict(out=out, lse=lse2 * np.log(2), dq=dq, dk=dk, dv=dv), ref, base, dtype)
+
+
+def _one_kv_head_per_launch(monkeypatch, b, group, sq, sk, block_n):
+    """The dS path's workspace budget set to one key/value head's (group query heads): a launch per head."""
+    ws_rows, ws_cols = _launch.ds_workspace(b, group, sq, sk, block_n)
+    monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", ws_rows * ws_cols * 2)
 
 
 # dropout on the dS path (sm90's dropout row: pointer loads, dS^T stored through a descriptor): its keep mask drawn
@@ -256,8 +260,7 @@ def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, monkeyp
     monkeypatch.setattr(configs, "NARROW_WINDOW", 0)  # the window too (test_which_backwards_take_the_ds_path)
     if c["by_heads"]:  # room for one key/value head's workspace: a launch per head
         block_n = pick_config(target, "dkdv", d, dtype, rows, "dropout", tma=False)[0]["BLOCK_N"]
-        ws_rows, ws_cols = _launch.ds_workspace(b, h // c["h_kv"], sq, sk, block_n)
-        monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", ws_rows * ws_cols * 2)
+        _one_kv_head_per_launch(monkeypatch, b, h // c["h_kv"], sq, sk, block_n)
     q, k, v, dout, dlse = inputs((b, sq, h, d), (b, sk, c["h_kv"], d), dtype, seed=3)
     rng = jax.random.key(5)
     seeds = reference.dropout_seeds(rng, b, h)
