@@ -5,7 +5,7 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
                                                                    # d64persistent, d64long, windowpersistent, windowany,
                                                                    # tail, ds, dkdvpersistent, dkdvpersistent2048, wsfallback,
                                                                    # d128seven, edges, bm256, dropoutds, dropoutfwd,
-                                                                   # ds16k
+                                                                   # ds16k, dropouttma, dropoutwindow
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -133,10 +133,21 @@ DROPOUT_DS = {"dkdv": [_drop(128, 32, 64, 4, 3, ds=False), _drop(128, 64, 64, 4,
                        _drop(128, 32, 64, 8, 3)],
               "_dropout": 0.1}
 # and the forward's (sm90 runs dropout on the CUDA pointer row: 128 x 128 x 8 x 3 at D 128)
-DROPOUT_FWD = {"fwd": [_drop(128, 128, 64, 8, 3, ds=False), _drop(128, 128, 128, 8, 2, ds=False),
+DROPOUT_FWD = {"fwd": [_drop(128, 128, 128, 8, 3, ds=False), _drop(128, 128, 64, 8, 3, ds=False),
+                       _drop(128, 128, 128, 8, 2, ds=False),
                        _drop(128, 64, 128, 4, 3, ds=False), _drop(128, 64, 64, 4, 3, ds=False),
                        _drop(128, 128, 32, 8, 3, ds=False)],
                "_dropout": 0.1}
+# with the per-element hash (kernels/dropout.py) the warp-specialised TMA dK/dV loop takes dropout: its rows against
+# the pointer row on the dS path (what dropout ran before)
+DROPOUT_TMA = {"dkdv": [_drop(128, 32, 64, 4, 3), _row(128, 32, 128, 4, 2, ws=True, DS=True, GROUP_PROGRAMS=128),
+                        _row(128, 32, 128, 4, 3, ws=True, DS=True, GROUP_PROGRAMS=128),
+                        _row(128, 64, 64, 4, 2, ws=True, DS=True), _row(128, 32, 128, 8, 2, DS=True),
+                        _row(128, 32, 64, 4, 2, ws=True, DS=True)],
+               "_dropout": 0.1}
+# a narrow window with dropout: the TMA rows it takes since the hash, against the "+window" pointer rows of before
+DROPOUT_WINDOW = {"fwd": [_drop(128, 64, 64, 4, 3, ds=False)], "dkdv": [_drop(128, 32, 64, 4, 3, ds=False)],
+                  "dq": [_drop(128, 64, 32, 4, 3, ds=False)], "_dropout": 0.1}
 DROPOUT_DS64 = {"dkdv": [_drop(64, 32, 128, 4, 3), _drop(64, 64, 64, 4, 3), _drop(64, 32, 64, 4, 3)],
                 "_dropout": 0.1}
 
@@ -179,6 +190,9 @@ SETS = {
                  + [((4, 4096, 32, 64), causal, (-1, -1), DROPOUT_DS64) for causal in (False, True)],
     "dropoutfwd": [((4, 4096, 16, 128), causal, (-1, -1), DROPOUT_FWD) for causal in (False, True)]
                   + [((1, 16384, 16, 128), False, (-1, -1), DROPOUT_FWD)],
+    "dropouttma": [((4, 4096, 16, 128), causal, (-1, -1), DROPOUT_TMA) for causal in (False, True)]
+                  + [((1, 16384, 16, 128), False, (-1, -1), DROPOUT_TMA)],
+    "dropoutwindow": [((1, 16384, 16, 128), True, (1024, 0), DROPOUT_WINDOW)],
     "ds16k": [((1, 16384, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)],
     "ds": [((4, 4096, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)]
           + [((4, 4096, 32, 64), causal, (-1, -1), DS_D64) for causal in (False, True)],

@@ -71,7 +71,7 @@ class Options:
     softmax_scale: float
     band: rules.Band = rules.Band()  # after the causal cap and clamping (rules.Band.of)
     softcap: float = 0.0  # > 0: logits capped with softcap * tanh(logits / softcap)
-    dropout_p: float = 0.0  # > 0: Operands.seeds holds the Philox keys
+    dropout_p: float = 0.0  # > 0: Operands.seeds holds the dropout seeds
 
     @property
     def statics(self) -> _launch.Statics:

@@ -137,9 +137,12 @@ def _whole_16bit_tiles(q) -> bool:
 
 def _takes_tma(q, statics: Statics, extras: Operands) -> bool:
     """Whether a call may take the TMA rows (sm90, kernels/fwd.py and bwd.py): _whole_16bit_tiles, without
-    dropout or segment ids (Triton 3.6's warp-specialisation pass fails to compile those loops). Others take
-    the target's pointer rows."""
-    return _whole_16bit_tiles(q) and statics.dropout_p == 0 and extras.q_segment_ids is None
+    segment ids (Triton 3.6's warp-specialisation pass fails to compile that loop), nor dropout in a narrow
+    window (its "+window" pointer rows are faster there: H200, bf16, (1024, 0), 1 x 16384 x 16 x 128, p 0.1,
+    ms, TMA rows / pointer rows: forward 0.677 / 0.490, whole backward 1.551 / 1.446 with dK/dV's; NOTES
+    "Sixteenth session"). Others take the target's pointer rows."""
+    return (_whole_16bit_tiles(q) and extras.q_segment_ids is None
+            and not (statics.dropout_p > 0 and statics.band.narrow(configs.NARROW_WINDOW)))
 
 
 def _dkdv_takes_tma(q, statics: Statics, extras: Operands) -> bool:
@@ -242,10 +245,10 @@ def edges_apart(blocks: dict, loop: int, block: int, band: rules.Band, whole: bo
     loop nor a branch in it), and a row's loop runs at least configs.EDGES_APART_BLOCKS blocks (the band's
     width where both sides bound it; configs.DS_EDGES_APART_BLOCKS on the dS path, `ds`), so that the mask
     saved outweighs the second launch and the float32 partial result between the two (configs.py: H200
-    measurements). The edge launches rely on what a TMA
-    row implies (_takes_tma: no dropout, fp8 or segment ids, whose partial would carry keep_scale, lse's fp8
-    shift or a mask on every block) and on no SPLIT; attn_fwd asserts it too (attn_bwd_dkdv does not: that
-    assert moved the H200-tested kernel's shared-memory layout)."""
+    measurements). The edge launches rely on what a TMA row implies (_takes_tma: no fp8 or segment ids, whose
+    partial would carry lse's fp8 shift or a mask on every block), on no dropout (the callers': the forward's
+    partial would carry keep_scale; the backward's edges were not run with it) and on no SPLIT; attn_fwd
+    asserts it too (attn_bwd_dkdv does not: that assert moved the H200-tested kernel's shared-memory layout)."""
     if not blocks.get("TMA") or blocks.get("SPLIT") or (not band.sides and whole):
         return False
     width = band.left + band.right + 1 if band.left >= 0 and band.right >= 0 else loop
@@ -303,8 +306,8 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
         constexprs["KEYS_EVEN"] = k.shape[1] % blocks["BLOCK_N"] == 0
     # not with a persistent grid: the float32 partial's staging takes that D 128 kernel's shared memory past an
     # SM's (sm90 cross-compile: 262 KB; tiled 230 KB, of 227 KiB)
-    edges = not programs and edges_apart(blocks, k.shape[1], blocks["BLOCK_N"], statics.band,
-                                         constexprs.get("KEYS_EVEN", False))
+    edges = not programs and statics.dropout_p == 0 and edges_apart(blocks, k.shape[1], blocks["BLOCK_N"],
+                                                                    statics.band, constexprs.get("KEYS_EVEN", False))
     blocks = dict(blocks, PERSISTENT=programs > 0, EDGES=int(edges))
     if programs:
         grid = (programs, 1)
@@ -360,7 +363,8 @@ def _dkdv(run: Run, target: str, q, k, v, dout, lse2, delta, extras: Operands, s
         programs = persistent_programs(blocks, target, b * h_kv, sq, sk, statics.band, keys=True)
     persistent = 0 < programs < n_blocks * b * h_kv
     grid = (programs, 1, 1) if persistent else (n_blocks, b * h_kv, 2 if blocks["SPLIT"] else 1)
-    edges = edges_apart(blocks, sq, blocks["BLOCK_M"], statics.band, blocks.get("QUERIES_EVEN", False), ds)
+    edges = statics.dropout_p == 0 and edges_apart(blocks, sq, blocks["BLOCK_M"], statics.band,
+                                                   blocks.get("QUERIES_EVEN", False), ds)
     scalars, constexprs = _common(q, k, statics)
     inputs = dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,
                   Delta=delta, batch=b, **scalars)

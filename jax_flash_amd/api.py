@@ -45,9 +45,10 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
       dropout_p: attention-probability dropout rate in [0, 1), a static number. One random byte per
         probability (as in FlashAttention), so the rate applied is dropout_p rounded to a multiple of
         1/256 (at least 1/256; rules.dropout_rate); kept probabilities are scaled by 1 / (1 - that
-        rate), which keeps the expectation exact. The mask comes from counter-based random numbers (Philox) drawn
-        inside the kernels and is never stored; the backward regenerates the same mask. All three
-        implementations draw the same mask for the same key.
+        rate), which keeps the expectation exact. The mask comes from a counter-based hash of the
+        (query, key) position, keyed per (batch, head) by dropout_rng (kernels/dropout.py), drawn inside
+        the kernels and never stored; the backward regenerates the same mask. All three implementations
+        draw the same mask for the same key.
       dropout_rng: a JAX PRNG key (jax.random.key or jax.random.PRNGKey), required when dropout_p > 0.
         The same key gives the same mask.
       q_segment_ids, kv_segment_ids: (batch, seq_q) and (batch, seq_k) integer ids for packed

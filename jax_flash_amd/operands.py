@@ -36,7 +36,7 @@ def _field(axes: str, dtype, param: str, flag: str | None = None):
 @dataclasses.dataclass(frozen=True)
 class Operands:
     slopes: Any = _field("b (h g)", jnp.float32, "Slopes", "ALIBI")  # ALiBi slopes (batch, heads_q)
-    # dropout Philox keys (batch, heads_q, 2) uint32; the rate (Options.dropout_p) tells the kernels
+    # dropout seeds (batch, heads_q, 2) uint32; the rate (Options.dropout_p) tells the kernels
     seeds: Any = _field("b (h g) r", jnp.int32, "Seeds")
     q_segment_ids: Any = _field("b s", jnp.int32, "QSeg", "SEGMENTS")  # (batch, seq_q)
     kv_segment_ids: Any = _field("b t", jnp.int32, "KSeg", "SEGMENTS")  # (batch, seq_k)
@@ -46,8 +46,8 @@ class Operands:
     v_descale: Any = _field("b h", jnp.float32, "VDescale")
     # (batch, 3) int32 (pos_q, pos_k, D): the call is a block of a larger one (ring attention), query i
     # and key j being its query pos_q + i and key pos_k + j, D its seq_k - seq_q. The band, ALiBi and
-    # the dropout counters follow those positions (kernels/masking.py `place`; dropout needs pos_q a
-    # multiple of 16, pos_k of 8). Per batch row, so vmap and sharding treat it like the other operands.
+    # dropout's hash follow those positions (kernels/masking.py `place`). Per batch row, so vmap and
+    # sharding treat it like the other operands.
     positions: Any = _field("b p", jnp.int32, "Positions", "POSITIONS")
 
     def present(self) -> tuple[str, ...]:

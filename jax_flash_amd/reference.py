@@ -18,57 +18,46 @@ _HIGHEST = jax.lax.Precision.HIGHEST  # float32 inputs: true fp32 dots, not TF32
 
 
 def dropout_seeds(rng, batch: int, heads: int) -> jax.Array:
-    """(batch, heads, 2) uint32 Philox keys, one per (batch, query head), drawn from a JAX PRNG key.
+    """(batch, heads, 2) uint32 dropout seeds, one per (batch, query head), drawn from a JAX PRNG key.
     Computed outside the kernels, so a shard or a vmapped slice sees the keys of its own rows."""
     return jax.random.bits(rng, (batch, heads, 2), jnp.uint32)
 
 
-def _umulhi(a, b):
-    """High 32 bits of the 64-bit product of uint32 arrays, in 16-bit halves (no uint64 without x64)."""
-    a0, a1 = a & 0xFFFF, a >> 16
-    b0, b1 = b & 0xFFFF, b >> 16
-    mid1 = a1 * b0 + ((a0 * b0) >> 16)
-    mid2 = a0 * b1 + (mid1 & 0xFFFF)
-    return a1 * b1 + (mid1 >> 16) + (mid2 >> 16)
+def _mix(x):
+    """lowbias32 over uint32 arrays (kernels/dropout.py _mix)."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * jnp.uint32(0x846CA68B)
+    return x ^ (x >> 16)
 
 
-def _philox(c0, c1, c2, c3, k0, k1, rounds: int = 7):
-    """Philox 4x32 as Triton's tl.philox computes it (constants of Salmon et al. 2011)."""
-    u32 = lambda x: jnp.uint32(x)  # noqa: E731
-    for _ in range(rounds):
-        c0, c1, c2, c3 = (_umulhi(u32(0xCD9E8D57), c2) ^ c1 ^ k0, u32(0xCD9E8D57) * c2,
-                          _umulhi(u32(0xD2511F53), c0) ^ c3 ^ k1, u32(0xD2511F53) * c0)
-        k0, k1 = k0 + u32(0x9E3779B9), k1 + u32(0xBB67AE85)
-    return c0, c1, c2, c3
+def _line(index, key, multiplier: int):
+    x = (index.astype(jnp.uint32) ^ key) * jnp.uint32(multiplier)
+    return x ^ (x >> 16)
+
+
+def dropout_bytes(seeds, seq_q: int, seq_k: int, row0=None, col0=None) -> jax.Array:
+    """(B, H, seq_q, seq_k) uint32 in [0, 256): the random byte of every probability for seeds (B, H, 2) uint32
+    (kernels/dropout.py, bit for bit). row0, col0 (B,) int32 (both or neither): the rows and keys are those of a
+    larger call from these positions on (operands.Operands.positions)."""
+    lo, hi = seeds[..., 0, None], seeds[..., 1, None]  # (B, H, 1)
+    key_q = _mix(lo ^ _mix(hi ^ jnp.uint32(0x5BD1E995)))
+    key_k = _mix(hi ^ _mix(lo + jnp.uint32(0x27D4EB2F)))
+    rows, cols = jnp.arange(seq_q, dtype=jnp.int32), jnp.arange(seq_k, dtype=jnp.int32)
+    if row0 is not None:  # per batch row
+        rows = rows + row0.astype(jnp.int32)[:, None, None]
+        cols = cols + col0.astype(jnp.int32)[:, None, None]
+    x = _line(rows, key_q, 0x9E3779B1)[..., :, None] ^ _line(cols, key_k, 0x85EBCA77)[..., None, :]
+    x = x * jnp.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * jnp.uint32(0x846CA68B)
+    return x >> 24
 
 
 def dropout_keep(seeds, seq_q: int, seq_k: int, p: float, row0=None, col0=None) -> jax.Array:
-    """(B, H, seq_q, seq_k) bool: the probabilities the kernels keep for Philox keys seeds (B, H, 2)
-    uint32 (kernels/dropout.py, bit for bit): query 16a + 8m + l and key 32b + 8i + 2t + j take byte
-    8m + 2i + j of the call with counter (4b + t, 8a + l, 0, 0). row0, col0 (B,) int32 (both or
-    neither): the rows and keys are those of a larger call from these positions on
-    (operands.Operands.positions): its mask, cut out of a grid that covers them."""
-    offset = row0 is not None
-    na, nb = -(-(seq_q + 15 * offset) // 16), -(-(seq_k + 31 * offset) // 32)
-    c0 = jnp.arange(4 * nb, dtype=jnp.uint32)[None, :]  # 4b + t
-    c1 = jnp.arange(8 * na, dtype=jnp.uint32)[:, None]  # 8a + l
-    if offset:  # per batch row: the grid starts at the 16 x 32 tile holding (row0, col0)
-        c0 = c0 + (col0 // 32 * 4).astype(jnp.uint32)[:, None, None, None]
-        c1 = c1 + (row0 // 16 * 8).astype(jnp.uint32)[:, None, None, None]
-    c0, c1 = jnp.broadcast_arrays(c0, c1)
-    zero = jnp.zeros_like(c0)
-    k0, k1 = seeds[..., 0, None, None], seeds[..., 1, None, None]
-    words = jnp.stack(_philox(c0, c1, zero, zero, k0, k1), axis=-1)  # [..., 8a + l, 4b + t, n // 4]
-    random_bytes = jnp.stack([(words >> (8 * r)) & 0xFF for r in range(4)], axis=-1)  # byte n = 8m + 2i + j
-    lead = seeds.shape[:-1]
-    random_bytes = random_bytes.reshape(*lead, na, 8, nb, 4, 2, 4, 2)  # [..., a, l, b, t, m, i, j]
-    n = len(lead)
-    random_bytes = random_bytes.transpose(*range(n), n, n + 4, n + 1, n + 2, n + 5, n + 3, n + 6)  # a m l b i t j
-    random_bytes = random_bytes.reshape(*lead, 16 * na, 32 * nb)
-    if offset:
-        cut = lambda x, r, c: jax.lax.dynamic_slice(x, (0, r, c), (x.shape[0], seq_q, seq_k))  # noqa: E731
-        random_bytes = jax.vmap(cut)(random_bytes, row0 % 16, col0 % 32)
-    return random_bytes[..., :seq_q, :seq_k] >= dropout_threshold(p)
+    """(B, H, seq_q, seq_k) bool: the probabilities the kernels keep at rate p (dropout_bytes >= the threshold)."""
+    return dropout_bytes(seeds, seq_q, seq_k, row0, col0) >= dropout_threshold(p)
 
 
 def segment_mask(q_segment_ids, kv_segment_ids) -> jax.Array:

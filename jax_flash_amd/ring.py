@@ -24,7 +24,7 @@ static calls.
 
 Window, ALiBi, dropout. These depend on where a block lies, and which block a device holds is traced:
 each call gets its global positions as a runtime operand (operands.Operands.positions; the kernels
-shift the band and ALiBi's diagonal by it and count dropout's Philox by global position, so the mask
+shift the band and ALiBi's diagonal by it and hash dropout's mask by global position, so the mask
 is the unsharded call's). Calls then run over runs of consecutive positions (zig-zag: up to four per
 step, one per pair of chunks), each skipped by `lax.cond` where the band (window and causal) reaches no
 pair of it; inside a call the kernels skip the key blocks outside the shifted band.
@@ -63,8 +63,7 @@ def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: f
       alibi_slopes: (heads_q,) or (batch, heads_q) (this device's batch rows), as in `attention`;
         distances are between global positions.
       dropout_p, dropout_rng: as in `attention`, with the same key on every device of the axis: the mask
-        is the unsharded call's (Philox counted by global position). Each device's shard (zig-zag: each
-        chunk) must hold a multiple of 16 positions. The keys are per (batch, head) row of this shard:
+        is the unsharded call's (hashed by global position). The keys are per (batch, head) row of this shard:
         where shard_map also splits batch or heads, the mask is not the unsharded call's, and the
         same key gives every such shard the same mask (fold the shard's index into the key to avoid it).
       q_segment_ids, kv_segment_ids: this device's (batch, seq / n) ids, as in `attention` (kv ids travel
@@ -116,12 +115,6 @@ def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: f
     if layout == "zigzag" and (sq % 2 or sk % 2):
         raise ValueError(f"layout='zigzag' holds two equal chunks per device: the local sequence lengths must "
                          f"be even; got {sq} queries, {sk} keys")
-    if dropout_p > 0 and n > 1:
-        chunk_q, chunk_k = (sq // 2, sk // 2) if layout == "zigzag" else (sq, sk)
-        if chunk_q % 16 or chunk_k % 16:
-            raise ValueError(f"ring_attention with dropout_p > 0 draws the unsharded call's mask, in 16 x 16 tiles "
-                             f"of global positions: each device's {'zig-zag chunk' if layout == 'zigzag' else 'shard'}"
-                             f" must hold a multiple of 16 positions; got {chunk_q} queries, {chunk_k} keys")
     if q.size == 0 or sk == 0:  # nothing to attend to: as attention, no launch (and no collective)
         out = _spmd.match_varying(jnp.zeros_like(q), q, k, v)
         lse = _spmd.match_varying(jnp.transpose(jnp.full_like(q[..., 0], -jnp.inf, dtype=jnp.float32), (0, 2, 1)),
@@ -129,7 +122,7 @@ def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: f
         return (out, lse) if return_lse else out
     if impl != "xla":
         api._check_kernel_limits(q, k)
-    # the same key on every device: the unsharded call's per-(batch, head) Philox keys
+    # the same key on every device: the unsharded call's per-(batch, head) dropout seeds
     seeds = reference.dropout_seeds(dropout_rng, q.shape[0], q.shape[2]) if dropout_p > 0 else None
     extras = Operands(slopes=slopes, seeds=seeds, q_segment_ids=q_ids, kv_segment_ids=kv_ids)
     opts = _dispatch.Options(implementation=impl, softmax_scale=scale, softcap=softcap, dropout_p=dropout_p)

@@ -59,8 +59,7 @@ def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, st
                                    SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP, ALIBI=ALIBI)  # [BN, BM]
     p_t = tl.math.exp2(s_t * scale2 - lse2[None, :])
     if DROP_THRESHOLD > 0:
-        kept_t = keep(seed, start_m + pos_q, start_n + pos_k, DROP_THRESHOLD, BLOCK_M, BLOCK_N, True,
-                      ANY_START=POSITIONS)  # [BN, BM]
+        kept_t = keep(seed, start_m + pos_q, start_n + pos_k, DROP_THRESHOLD, BLOCK_M, BLOCK_N, True)  # [BN, BM]
     if DV:
         if DROP_THRESHOLD > 0:
             dv = tl.dot(tl.where(kept_t, p_t * keep_scale, 0.0).to(do.dtype), do, dv, input_precision="ieee")
@@ -138,10 +137,11 @@ def _rows(Lse, Delta, row0, offs_m, seq_q):
 
 @triton.jit
 def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h, start_m, start_n, offs_n, seq_q,
-                    seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, k_ids, ds_desc, ds_rows,
-                    H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                    POSITIONS: tl.constexpr, STORE_DS: tl.constexpr):
+                    seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed, keep_scale, k_ids,
+                    ds_desc, ds_rows, H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
+                    ALIBI: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr,
+                    STORE_DS: tl.constexpr):
     """_dkdv_tile of query block start_m of head h, its tiles from the descriptors (_dkdv_tma_program);
     STORE_DS: dS^T to ds_desc, ds_rows rows per (batch, head) (ds_tiles)."""
     # lse and delta through pointers: through TMA (a third tile per iteration) the warp-specialised kernels
@@ -158,43 +158,48 @@ def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h, start_m, st
         lse2, delta = _rows(Lse, Delta, row0, offs_m, seq_q)
         q, do = _query_tiles(q_desc, do_desc, b * seq_q + start_m, h * HEAD_DIM)
     return _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, start_m, start_n, seq_q,
-                      seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, 0,
-                      tl.zeros([BLOCK_M], tl.int32), k_ids, 1.0, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                      MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=False, DROP_THRESHOLD=0,
+                      seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed,
+                      tl.zeros([BLOCK_M], tl.int32), k_ids, keep_scale, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                      BANDED=BANDED, MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=False,
+                      DROP_THRESHOLD=DROP_THRESHOLD,
                       POSITIONS=POSITIONS, DK=True, DV=True, LOAD_DELTA=False, ds_desc=ds_desc,
                       ds_row=(b * H + h) * ds_rows + start_n, STORE_DS=STORE_DS)
 
 
 @triton.jit
-def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, b, h_kv, lo, hi, start_n, offs_n, seq_q,
-              seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, k_ids, ds_desc, ds_rows, H: tl.constexpr,
-              GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-              POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, STORE_DS: tl.constexpr):
+def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, Seeds, b, h_kv, lo, hi, start_n, offs_n, seq_q,
+              seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, keep_scale, k_ids, ds_desc, ds_rows,
+              H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
+              ALIBI: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr,
+              WARP_SPECIALIZE: tl.constexpr, STORE_DS: tl.constexpr):
     """Query blocks of [lo, hi) of the GROUP query heads of h_kv (heads innermost) in one plain loop, what
     Triton's warp-specialisation pass partitions (as the forward's TMA loop)."""
     if GROUP == 1:
         slope = 0.0
         if ALIBI:
             slope = tl.load(Slopes + b * H + h_kv)
+        seed = load_seed(Seeds, b * H + h_kv, DROP_THRESHOLD)
         for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
             dk, dv = _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h_kv, start_m, start_n,
                                      offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
-                                     slope, k_ids, ds_desc, ds_rows, H=H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
-                                     BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                                     POSITIONS=POSITIONS, STORE_DS=STORE_DS)
+                                     slope, seed, keep_scale, k_ids, ds_desc, ds_rows, H=H, HEAD_DIM=HEAD_DIM,
+                                     BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED, SOFTCAP=SOFTCAP,
+                                     ALIBI=ALIBI, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS,
+                                     STORE_DS=STORE_DS)
     else:
         for i in tl.range(0, tl.cdiv(hi - lo, BLOCK_M) * GROUP, warp_specialize=WARP_SPECIALIZE):
             h = h_kv * GROUP + i % GROUP
             slope = 0.0
             if ALIBI:
                 slope = tl.load(Slopes + b * H + h)
+            seed = load_seed(Seeds, b * H + h, DROP_THRESHOLD)
             dk, dv = _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h,
                                      lo + i // GROUP * BLOCK_M, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag,
-                                     pos_q, pos_k, sm_scale, softcap, slope, k_ids, ds_desc, ds_rows, H=H,
-                                     HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                                     MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS,
-                                     STORE_DS=STORE_DS)
+                                     pos_q, pos_k, sm_scale, softcap, slope, seed, keep_scale, k_ids, ds_desc,
+                                     ds_rows, H=H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                                     BANDED=BANDED, MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                                     DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, STORE_DS=STORE_DS)
     return dk, dv
 
 
@@ -259,10 +264,11 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
 
 
 @triton.jit
-def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap, seq_q, seq_k,
-                      lo_off, hi_off, batch, dK, dV, dS, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
-                      ALIBI: tl.constexpr, POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+def _dkdv_tma_program(Q, K, V, Slopes, Seeds, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
+                      keep_scale, seq_q, seq_k, lo_off, hi_off, batch, dK, dV, dS, H: tl.constexpr,
+                      KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
+                      POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                       QUERIES_EVEN: tl.constexpr, DS: tl.constexpr, PERSISTENT: tl.constexpr, EDGES: tl.constexpr,
                       GROUP_PROGRAMS: tl.constexpr):
     """dK and dV of one key block (PERSISTENT: of the key blocks masking.persistent_tile hands this program),
@@ -274,20 +280,20 @@ def _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta,
         for r in range(0, persistent_rounds(n_n * batch * KV_H)):
             block, bh = persistent_tile(r, n_n, batch * KV_H)
             # persistent_tile hands out the last block first; here the heaviest (causal) is the first
-            _dkdv_tma_tile((n_n - 1 - block) * BLOCK_N, bh, descriptors, Lse, Delta, Slopes, QueryRanges,
-                           Positions, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, dK, dV, H=H, KV_H=KV_H,
-                           HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
-                           ALIBI=ALIBI, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE,
-                           QUERIES_EVEN=QUERIES_EVEN, DS=DS, EDGES=EDGES)
+            _dkdv_tma_tile((n_n - 1 - block) * BLOCK_N, bh, descriptors, Lse, Delta, Slopes, Seeds, QueryRanges,
+                           Positions, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H=H,
+                           KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                           SOFTCAP=SOFTCAP, ALIBI=ALIBI, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS,
+                           WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS, EDGES=EDGES)
     else:
         i, bh = tile_order(BANDED, GROUP_PROGRAMS)
         descriptors = _dkdv_descriptors(Q, K, V, dOut, dS, bh // KV_H, seq_q, seq_k,
                                         H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DS=DS)
-        _dkdv_tma_tile(i * BLOCK_N, bh, descriptors, Lse, Delta, Slopes, QueryRanges,
-                       Positions, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, dK, dV, H=H, KV_H=KV_H,
+        _dkdv_tma_tile(i * BLOCK_N, bh, descriptors, Lse, Delta, Slopes, Seeds, QueryRanges, Positions, sm_scale,
+                       softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H=H, KV_H=KV_H,
                        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                       POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS,
-                       EDGES=EDGES)
+                       DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE,
+                       QUERIES_EVEN=QUERIES_EVEN, DS=DS, EDGES=EDGES)
 
 
 @triton.jit
@@ -307,10 +313,11 @@ def _dkdv_descriptors(Q, K, V, dOut, dS, last, seq_q, seq_k, H: tl.constexpr, KV
 
 
 @triton.jit
-def _dkdv_tma_tile(start_n, bh, descriptors, Lse, Delta, Slopes, QueryRanges, Positions, sm_scale, softcap, seq_q,
-                   seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
-                   ALIBI: tl.constexpr, POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+def _dkdv_tma_tile(start_n, bh, descriptors, Lse, Delta, Slopes, Seeds, QueryRanges, Positions, sm_scale, softcap,
+                   keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr, KV_H: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
+                   SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr,
+                   WARP_SPECIALIZE: tl.constexpr,
                    QUERIES_EVEN: tl.constexpr, DS: tl.constexpr, EDGES: tl.constexpr):
     """dK and dV of key block start_n of (batch * KV_H) row bh, tiles through descriptors (_dkdv_descriptors);
     EDGES == 1: of the query blocks that see the whole key block only (attn_bwd_dkdv)."""
@@ -331,12 +338,12 @@ def _dkdv_tma_tile(start_n, bh, descriptors, Lse, Delta, Slopes, QueryRanges, Po
     if EDGES == 1:
         begin = full_begin
         end = full_end
-    dk, dv = _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, b, h_kv, begin, end, start_n,
-                       offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
+    dk, dv = _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, Seeds, b, h_kv, begin, end, start_n,
+                       offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, keep_scale,
                        tl.zeros([BLOCK_N], tl.int32), ds_desc, ds_rows, H=H, GROUP=H // KV_H, HEAD_DIM=HEAD_DIM,
                        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                       MASKED=(BANDED or not QUERIES_EVEN) and EDGES != 1,
-                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE,
+                       MASKED=(BANDED or not QUERIES_EVEN) and EDGES != 1, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                       DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE,
                        STORE_DS=DS)
     kv_base = head_start(b, h_kv, seq_k, KV_H, HEAD_DIM)
     store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, KV_H * HEAD_DIM, seq_k, HEAD_DIM, False)
@@ -367,13 +374,14 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
     dS path (DS) storing their dS^T into the first launch's workspace, DSPart (aliased to dS).
     GROUP_PROGRAMS: a causal tiled grid's group (masking.tile_order)."""
     USE_TMA: tl.constexpr = (TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM) & (not SPLIT)
-                             & (DROP_THRESHOLD == 0) & (not SEGMENTS))
+                             & (not SEGMENTS))
     # DK / DV must be compile-time constants (each program holds only the accumulators it needs), hence
     # one call per case
     if USE_TMA:
-        _dkdv_tma_program(Q, K, V, Slopes, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap, seq_q,
-                          seq_k, lo_off, hi_off, batch, dK, dV, dS, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M,
-                          BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, POSITIONS=POSITIONS,
+        _dkdv_tma_program(Q, K, V, Slopes, Seeds, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
+                          keep_scale, seq_q, seq_k, lo_off, hi_off, batch, dK, dV, dS, H=H, KV_H=KV_H,
+                          HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
+                          ALIBI=ALIBI, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS,
                           WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS, PERSISTENT=PERSISTENT,
                           EDGES=EDGES, GROUP_PROGRAMS=GROUP_PROGRAMS)
     elif not SPLIT:  # dS^T (DS) to this launch's workspace, or on the edge launch (EDGES == 2) to the first's
@@ -426,8 +434,7 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, kv_row, kv
         p = tl.math.exp2(s * scale2 - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # [BM, BN]
         if DROP_THRESHOLD > 0:
-            kept = keep(seed, start_m + pos_q, start_n + pos_k, DROP_THRESHOLD, BLOCK_M, BLOCK_N,
-                        ANY_START=POSITIONS)
+            kept = keep(seed, start_m + pos_q, start_n + pos_k, DROP_THRESHOLD, BLOCK_M, BLOCK_N)
             dp = tl.where(kept, dp * keep_scale, 0.0)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:

@@ -57,8 +57,8 @@ def _hip(arch):
     ]
     rows = {
         "fwd": fwd,
-        # the Philox draw's registers: 32 keys at D 128 (gfx950 with 64: 251 VGPRs, at the edge); at D 256
-        # 128 x 64 spills 20 bytes on gfx942 (gfx950: 386 VGPRs, no spills)
+        # the dropout draw's registers: 32 keys at D 128 (gfx950 with 64: 251 VGPRs, at the edge); at D 256
+        # 128 x 64 spills 20 bytes on gfx942 (gfx950: 386 VGPRs, no spills) (measured with the Philox draw of before)
         "fwd+dropout": _with(_with(fwd, 128, BLOCK_N=32, EDGES_FIRST=arch != "gfx90a"), 256,
                              BLOCK_N=64 if arch == "gfx950" else 32),
         "dkdv": [
@@ -138,7 +138,8 @@ _CUDA_TARGET = {
     "dkdv+window": _with(_CUDA["dkdv"], 128, BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
     "dq+window": _with(_CUDA["dq"], 128, BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
     # dropout 0.1, N 4096, D 128 on the H200: backward 1.26x / 1.21x the plain one (non-causal) with these
-    # rows alone vs 1.31x with the plain rows; the default dK/dV tile spills 200 bytes with the Philox draw
+    # rows alone vs 1.31x with the plain rows; the default dK/dV tile spilled 200 bytes with the Philox draw of
+    # before (kernels/dropout.py: a hash since)
     "dkdv+dropout": _with(_CUDA["dkdv"], 128, BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
     "dq+dropout": _with(_CUDA["dq"], 128, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
     # 32 query / 8 key-value heads, N 4096, D 128: dK/dV 8.50 vs 8.93 ms (2 stages) non-causal, 5.04 vs 5.14
@@ -273,10 +274,15 @@ _SM90_DKDV64_TMA = dict(_SM90_DKDV_TMA, max_block_d=64, min_block_d=64, BLOCK_M=
 _SM90_DQ64_TMA = dict(_SM90_DQ_TMA, max_block_d=64, min_block_d=64, num_stages=3)
 
 
-# dropout, D 128: the pointer row's tiles (TMA loops do not take dropout: _launch._takes_tma) on the dS path, so
+# dropout, D 128: since the per-element hash (kernels/dropout.py) the TMA row (_SM90_DKDV_TMA, warp-specialised, dS
+# path) takes dropout; H200, bf16, p 0.1, whole backward ms, full / causal at 4 x 4096 x 16, full at 1 x 16384 x 16
+# (benchmarks/hopper_rows_sweep.py dropouttma): 3.90 / 2.25 / 15.3 (256 / 312 bytes of spills, sm90 ptxas) against
+# 4.13 / 2.31 / 16.0 for this pointer row with the hash; warp-specialised 32 x 128 x 4 x 2 (no spills) 4.62 / 2.15 /
+# 18.3, 3 stages 4.54 / 2.22 / 18.2, 64 x 64 6.91, 32 x 64 8.03, 32 x 128 x 8 warps unspecialised 5.88 (full, N
+# 4096). This row, for the calls that cannot take TMA: the pointer row's tiles on the dS path, so
 # that each tile's keep mask is drawn once (dK/dV) instead of twice and dQ is one product instead of three. H200,
 # bf16, p 0.1, whole backward ms, full / causal at 4 x 4096 x 16, full at 1 x 16384 x 16 (benchmarks/
-# hopper_rows_sweep.py dropoutds, one run): seven products 5.01 / 2.74 / 19.5, this row 4.44 / 2.40 / 17.7; with
+# hopper_rows_sweep.py dropoutds, one run, Philox): seven products 5.01 / 2.74 / 19.5, this row 4.44 / 2.40 / 17.7; with
 # the dS path 32 x 64 x 4 x 2 4.87 / 2.47 / 19.4, 64 x 64 x 4 x 2 4.88 / 2.51 / 19.0, 64 x 128 x 8 x 2 5.04 / 2.68 /
 # 21.0, 64 x 64 x 4 x 3 (524 bytes of spills) 7.13, 32 x 64 x 8 x 3 9.45, 32 x 128 x 4 x 3 13.2 (full, N 4096).
 # D 64 (its pointer row's tiles, 32 x 128 x 4 x 3: 7.62 / 3.97 ms at 4 x 4096 x 32) with the dS path: 32 x 64 x 4
@@ -316,7 +322,7 @@ _SM90_TARGET = {**_CUDA_TARGET, "fwd": _sm90(_CUDA["fwd"], _SM90_FWD_TMA, _SM90_
                 "fwd+window": _sm90(_CUDA_TARGET["fwd+window"], dict(_SM90_FWD_TMA, persistent_only=True)),
                 "dkdv+window": _sm90(_CUDA_TARGET["dkdv+window"], _SM90_DKDV_TMA),  # seven products
                 # (_launch.ds_heads: no dS path for narrow windows)
-                "dkdv+dropout": _sm90(_CUDA_TARGET["dkdv+dropout"], _SM90_DKDV_DROPOUT),
+                "dkdv+dropout": _sm90(_CUDA_TARGET["dkdv+dropout"], _SM90_DKDV_DROPOUT, _SM90_DKDV_TMA),
                 "dqds": [_SM90_DQ_DS],
                 "dq+window": _sm90(_CUDA_TARGET["dq+window"], _SM90_DQ_TMA)}
 
@@ -347,7 +353,7 @@ TARGETS = {
         "fwd+window": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, EDGES_FIRST=True)],
         "dkdv+window": [dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)],
         "dq+window": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)],
-        # and for dropout, whose random bytes come in 32-key groups (kernels/dropout.py): 16 and 32 keys
+        # and for dropout: 16 and 32 keys (which the Philox draw of before needed: 32-key groups)
         "dkdv+dropout": [dict(max_block_d=512, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)],
         "dq+dropout": [dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)],
     },

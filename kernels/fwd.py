@@ -58,8 +58,7 @@ def _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_row, kv_col, start_n, sta
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
     if DROP_THRESHOLD > 0:  # after the row sum: dropout acts on normalised probabilities
-        p = tl.where(keep(seed, start_m + pos_q, start_n + pos_k, DROP_THRESHOLD, BLOCK_M, BLOCK_N,
-                          ANY_START=POSITIONS), p, 0.0)
+        p = tl.where(keep(seed, start_m + pos_q, start_n + pos_k, DROP_THRESHOLD, BLOCK_M, BLOCK_N), p, 0.0)
     if P8_LOG2 > 0:  # v_base: this head's V^T, rows seq_k rounded up to 16 apart
         stride_vt = keys_padded(seq_k)
         # bounded by the padded length (zeros past seq_k, where P is 0): a mask constant over 16 keys

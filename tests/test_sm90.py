@@ -230,14 +230,25 @@ DROPOUT_DS_CASES = {
 }
 
 
+# the same through the TMA rows (forward and dK/dV warp-specialised on the GPU; the hash draw has no layout of its
+# own, so those loops take it): for the calls whose dK/dV takes its TMA row (_launch._dkdv_takes_tma)
+DROPOUT_TMA_ROWS = {"fwd": TMA_INTERPRET_ROW, "dkdv": dict(TMA_INTERPRET_ROW, BLOCK_N=32, DS=True),
+                    "dqds": DROPOUT_DS_ROWS["dqds"]}
+
+
+@pytest.mark.parametrize("rows", ["pointer", "tma"])
 @pytest.mark.parametrize("case", list(DROPOUT_DS_CASES))
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
-def test_dropout_on_the_ds_path_in_the_interpreter(case, monkeypatch):
+def test_dropout_on_the_ds_path_in_the_interpreter(case, rows, monkeypatch):
     """The keep mask of dK/dV's dS tiles is the forward's (float64 oracle with reference.dropout_keep), and dQ
     comes from those tiles alone (no dQ kernel draws one)."""
     from jax_flash_amd import _interpret
     _interpret.check_available()
-    _dropout_on_the_ds_path(case, "interpret", _interpret.run, DROPOUT_DS_ROWS, 32, 1, jnp.float16, monkeypatch)
+    c = DROPOUT_DS_CASES[case]
+    if rows == "tma" and (c["sq"] % 4 or c.get("softcap")):
+        pytest.skip("dK/dV takes its pointer row (_launch._dkdv_takes_tma)")
+    _dropout_on_the_ds_path(case, "interpret", _interpret.run, DROPOUT_TMA_ROWS if rows == "tma" else DROPOUT_DS_ROWS,
+                            32, 1, jnp.float16, monkeypatch)
 
 
 @pytest.mark.parametrize("case", list(DROPOUT_DS_CASES))
@@ -258,14 +269,15 @@ def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, monkeyp
     b, h, p, sq, sk = 2, c["h"], 0.25, c["sq"] * f, c["sk"] * f
     window = tuple(w * f if w > 0 else w for w in c["window"])
     monkeypatch.setattr(configs, "NARROW_WINDOW", 0)  # the window too (test_which_backwards_take_the_ds_path)
-    if c["by_heads"]:  # room for one key/value head's workspace: a launch per head
-        block_n = pick_config(target, "dkdv", d, dtype, rows, "dropout", tma=False)[0]["BLOCK_N"]
-        _one_kv_head_per_launch(monkeypatch, b, h // c["h_kv"], sq, sk, block_n)
     q, k, v, dout, dlse = inputs((b, sq, h, d), (b, sk, c["h_kv"], d), dtype, seed=3)
     rng = jax.random.key(5)
     seeds = reference.dropout_seeds(rng, b, h)
     slopes = jnp.asarray([[0.3, 0.1, 0.05, 0.2][:h]] * b, jnp.float32) if c["alibi"] else None
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], window, sq, sk), softcap=c["softcap"], dropout_p=p)
+    if c["by_heads"]:  # room for one key/value head's workspace (of the dK/dV row the call takes): a launch per head
+        tma = _launch._dkdv_takes_tma(q, statics, Operands(seeds=seeds))
+        block_n = pick_config(target, "dkdv", d, dtype, rows, "dropout", tma=tma)[0]["BLOCK_N"]
+        _one_kv_head_per_launch(monkeypatch, b, h // c["h_kv"], sq, sk, block_n)
     launched = []
 
     def run(launch):
@@ -388,18 +400,21 @@ def test_tma_path_as_a_block_of_a_larger_call(case, monkeypatch):
 
 
 @pytest.mark.parametrize("case, takes", [
-    ("plain", True), ("dropout", False), ("segments", False), ("d96", False), ("float32", False), ("odd-seq", True),
-    ("softcap", True)])
+    ("plain", True), ("dropout", True), ("dropout-narrow-window", False), ("segments", False), ("d96", False),
+    ("float32", False), ("odd-seq", True), ("softcap", True)])
 def test_which_calls_take_the_tma_rows(case, takes):
-    """sm90's rows with TMA serve 16-bit, power-of-two heads without dropout or segment ids; other calls
-    get the pointer rows (the TMA loops do not compile with those, or need whole-tile heads). dK/dV's also
-    needs seq_q a multiple of 4 (_launch._dkdv_takes_tma) and no softcap (it spills there)."""
+    """sm90's rows with TMA serve 16-bit, power-of-two heads without segment ids; other calls get the pointer
+    rows (the TMA loops do not compile with those, or need whole-tile heads), as do narrow windows with dropout (the
+    pointer rows are faster there). dK/dV's also needs seq_q a multiple of 4 (_launch._dkdv_takes_tma) and no
+    softcap (it spills there). Dropout's dQ keeps its pointer row: its backward takes the dS path (no dQ kernel
+    draws) but where the workspace does not fit."""
     d = 96 if case == "d96" else 128
     dtype = jnp.float32 if case == "float32" else jnp.bfloat16
     seq = 255 if case == "odd-seq" else 256
     q = jnp.zeros((1, seq, 2, d), dtype)
-    statics = _launch.Statics(d ** -0.5, Band.of(True, (-1, -1), seq, seq),
-                              dropout_p=0.1 if case == "dropout" else 0.0, softcap=30.0 if case == "softcap" else 0.0)
+    window = (64, 0) if case == "dropout-narrow-window" else (-1, -1)
+    statics = _launch.Statics(d ** -0.5, Band.of(True, window, seq, seq), dropout_p=0.1 if "dropout" in case else 0.0,
+                              softcap=30.0 if case == "softcap" else 0.0)
     ids = jnp.zeros((1, seq), jnp.int32) if case == "segments" else None
     extras = Operands(q_segment_ids=ids, kv_segment_ids=ids)
     assert _launch._takes_tma(q, statics, extras) == takes
@@ -407,7 +422,9 @@ def test_which_calls_take_the_tma_rows(case, takes):
     for kernel, rule in (("fwd", _launch._takes_tma), ("dq", _launch._takes_tma), ("dkdv", _launch._dkdv_takes_tma)):
         blocks, _ = pick_config("sm90", kernel, d, dtype, kind=_launch._kind(q, q, statics),
                                 tma=rule(q, statics, extras))
-        assert bool(blocks.get("TMA")) == rule(q, statics, extras), kernel
+        assert bool(blocks.get("TMA")) == (rule(q, statics, extras) and (kernel, case) != ("dq", "dropout")), kernel
+    if case == "dropout-narrow-window":  # the "+window" rows have TMA rows: the rule, not the table, keeps them out
+        assert pick_config("sm90", "dkdv", d, dtype, kind=_launch._kind(q, q, statics))[0].get("TMA")
 
 
 @pytest.mark.parametrize("d, tma", [(16, {}), (32, {}), (48, {}), (64, {"fwd", "dq"}), (96, {}),
