@@ -5,7 +5,7 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
                                                                    # d64persistent, d64long, windowpersistent, windowany,
                                                                    # tail, ds, dkdvpersistent, dkdvpersistent2048, wsfallback,
                                                                    # d128seven, edges, bm256, dropoutds, dropoutfwd,
-                                                                   # ds16k, dropouttma, dropoutwindow
+                                                                   # ds16k, dropouttma, dropoutwindow, dropoutfwd64
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -148,6 +148,8 @@ DROPOUT_TMA = {"dkdv": [_drop(128, 32, 64, 4, 3), _row(128, 32, 128, 4, 2, ws=Tr
 # a narrow window with dropout: the TMA rows it takes since the hash, against the "+window" pointer rows of before
 DROPOUT_WINDOW = {"fwd": [_drop(128, 64, 64, 4, 3, ds=False)], "dkdv": [_drop(128, 32, 64, 4, 3, ds=False)],
                   "dq": [_drop(128, 64, 32, 4, 3, ds=False)], "_dropout": 0.1}
+# D 64 with dropout: the forward's TMA row where it runs persistent (since the hash), against its pointer row
+DROPOUT_FWD64 = {"fwd": [_drop(64, 128, 64, 4, 3, ds=False)], "_dropout": 0.1}
 DROPOUT_DS64 = {"dkdv": [_drop(64, 32, 128, 4, 3), _drop(64, 64, 64, 4, 3), _drop(64, 32, 64, 4, 3)],
                 "_dropout": 0.1}
 
@@ -192,6 +194,8 @@ SETS = {
                   + [((1, 16384, 16, 128), False, (-1, -1), DROPOUT_FWD)],
     "dropouttma": [((4, 4096, 16, 128), causal, (-1, -1), DROPOUT_TMA) for causal in (False, True)]
                   + [((1, 16384, 16, 128), False, (-1, -1), DROPOUT_TMA)],
+    "dropoutfwd64": [((b, n, 32, 64), causal, (-1, -1), DROPOUT_FWD64) for b, n in ((16, 1024), (4, 4096))
+                     for causal in (False, True)],
     "dropoutwindow": [((1, 16384, 16, 128), True, (1024, 0), DROPOUT_WINDOW)],
     "ds16k": [((1, 16384, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)],
     "ds": [((4, 4096, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)]

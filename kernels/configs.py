@@ -322,6 +322,10 @@ _SM90_TARGET = {**_CUDA_TARGET, "fwd": _sm90(_CUDA["fwd"], _SM90_FWD_TMA, _SM90_
                 "fwd+window": _sm90(_CUDA_TARGET["fwd+window"], dict(_SM90_FWD_TMA, persistent_only=True)),
                 "dkdv+window": _sm90(_CUDA_TARGET["dkdv+window"], _SM90_DKDV_TMA),  # seven products
                 # (_launch.ds_heads: no dS path for narrow windows)
+                # dropout: the D 128 TMA row only (kernels/dropout.py's hash); D 64's persistent TMA row was slower
+                # with it (H200, bf16, p 0.1, forward ms, pointer row / TMA row: 16 x 1024 x 32 0.642 / 0.666, causal
+                # 0.395 / 0.534; 4 x 4096 x 32 2.403 / 2.487; hopper_rows_sweep.py dropoutfwd64)
+                "fwd+dropout": _sm90(_CUDA["fwd"], _SM90_FWD_TMA),
                 "dkdv+dropout": _sm90(_CUDA_TARGET["dkdv+dropout"], _SM90_DKDV_DROPOUT, _SM90_DKDV_TMA),
                 "dqds": [_SM90_DQ_DS],
                 "dq+window": _sm90(_CUDA_TARGET["dq+window"], _SM90_DQ_TMA)}

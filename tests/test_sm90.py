@@ -301,6 +301,39 @@ def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, monkeyp
     assert_close(got, ref, base, dtype)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_dropout_at_d64(causal):
+    """D 64 with dropout, a shape whose plain forward runs the persistent TMA row: with dropout the pointer rows
+    (configs.py "fwd+dropout": that row was slower with the hash), against float64 with the kernels' keep mask."""
+    from jax_flash_amd import reference
+    if _triton.target() != "sm90":
+        pytest.skip("needs a Hopper GPU")
+    b, sq, h, d, p = 2, 1024, 32, 64, 0.2
+    q, k, v, dout, dlse = inputs((b, sq, h, d), (b, sq, h, d), jnp.bfloat16, seed=11)
+    rng = jax.random.key(9)
+    seeds = reference.dropout_seeds(rng, b, h)
+    statics = _launch.Statics(d ** -0.5, Band.of(causal, (-1, -1), sq, sq), dropout_p=p)
+    launches = []
+
+    def run(launch):
+        launches.append(launch.constexprs)
+        return _triton.run(launch)
+
+    def fwd_bwd(q, k, v, dout, dlse):
+        out, lse2 = _launch.forward(run, "sm90", q, k, v, Operands(seeds=seeds), statics=statics)
+        grads = _launch.backward(run, "sm90", q, k, v, out, lse2, dout, dlse, Operands(seeds=seeds), statics=statics)
+        return dict(out=out, lse=lse2 * np.log(2), **dict(zip(("dq", "dk", "dv"), grads)))
+
+    got = jax.jit(fwd_bwd)(q, k, v, dout, dlse)
+    assert not launches[0].get("TMA"), launches[0]
+    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, dropout_p=p,
+                           keep=reference.dropout_keep(seeds, sq, sq, p))
+    base = run_impl("xla", q, k, v, dout, dlse, causal=causal, dropout_p=p, dropout_rng=rng)
+    assert_close(got, ref, base, jnp.bfloat16)
+
+
 @pytest.mark.parametrize("shape, kv_heads, d, dtype, causal, window, softcap, heads", [
     ((4, 4096, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 0.0, 16),  # 2 GiB of dS: one launch
     ((1, 16384, 16), 16, 128, jnp.bfloat16, True, (-1, -1), 0.0, 4),  # 512 MiB per head: 4 heads a launch
@@ -400,15 +433,16 @@ def test_tma_path_as_a_block_of_a_larger_call(case, monkeypatch):
 
 
 @pytest.mark.parametrize("case, takes", [
-    ("plain", True), ("dropout", True), ("dropout-narrow-window", False), ("segments", False), ("d96", False),
-    ("float32", False), ("odd-seq", True), ("softcap", True)])
+    ("plain", True), ("dropout", True), ("dropout-narrow-window", False), ("dropout-d64", True), ("segments", False),
+    ("d96", False), ("float32", False), ("odd-seq", True), ("softcap", True)])
 def test_which_calls_take_the_tma_rows(case, takes):
     """sm90's rows with TMA serve 16-bit, power-of-two heads without segment ids; other calls get the pointer
     rows (the TMA loops do not compile with those, or need whole-tile heads), as do narrow windows with dropout (the
     pointer rows are faster there). dK/dV's also needs seq_q a multiple of 4 (_launch._dkdv_takes_tma) and no
     softcap (it spills there). Dropout's dQ keeps its pointer row: its backward takes the dS path (no dQ kernel
-    draws) but where the workspace does not fit."""
-    d = 96 if case == "d96" else 128
+    draws) but where the workspace does not fit; at D 64 its forward too (the table: no TMA row with dropout), and
+    its dK/dV as without dropout (no D 64 TMA dK/dV row)."""
+    d = {"d96": 96, "dropout-d64": 64}.get(case, 128)
     dtype = jnp.float32 if case == "float32" else jnp.bfloat16
     seq = 255 if case == "odd-seq" else 256
     q = jnp.zeros((1, seq, 2, d), dtype)
@@ -422,7 +456,9 @@ def test_which_calls_take_the_tma_rows(case, takes):
     for kernel, rule in (("fwd", _launch._takes_tma), ("dq", _launch._takes_tma), ("dkdv", _launch._dkdv_takes_tma)):
         blocks, _ = pick_config("sm90", kernel, d, dtype, kind=_launch._kind(q, q, statics),
                                 tma=rule(q, statics, extras))
-        assert bool(blocks.get("TMA")) == (rule(q, statics, extras) and (kernel, case) != ("dq", "dropout")), kernel
+        pointer = (kernel, case) in (("dq", "dropout"), ("fwd", "dropout-d64"), ("dq", "dropout-d64"),
+                                     ("dkdv", "dropout-d64"))
+        assert bool(blocks.get("TMA")) == (rule(q, statics, extras) and not pointer), kernel
     if case == "dropout-narrow-window":  # the "+window" rows have TMA rows: the rule, not the table, keeps them out
         assert pick_config("sm90", "dkdv", d, dtype, kind=_launch._kind(q, q, statics))[0].get("TMA")
 
