@@ -10,14 +10,14 @@ query q and key k then give
     r = (q ^ key_q) * P1,  r ^= r >> 16      (per query row)
     c = (k ^ key_k) * P2,  c ^= c >> 16      (per key column)
     x = r ^ c,  x *= M1,  x ^= x >> 15,  x *= M2
-and the byte is x's top 8 bits: six integer operations per probability, about what Philox cost per byte.
-M1, M2 (and the seed's mixing) are lowbias32's (C. Wellons, hash-prospector). Statistics (numpy, 4096 x
-4096 draws per seed, 16 seeds at offsets up to 2^17; benchmarks/dropout_stats.py): byte pairs at 16 lags
-along each axis (1 .. 2584, Fibonacci lags among them), diagonals, 2 x 2 quartets (xor and sum), and the
-masks of seeds one bit or one apart show no dependence (chi-square of 65,536 cells, |z| < 3). A
-probability is kept when its byte is >= THRESHOLD, in 1 .. 255: the rate is THRESHOLD / 256 (p rounded to a
-multiple of 1/256, jax_flash_amd/reference.py: dropout_threshold). reference.py mirrors this bit for bit
-(the `xla` implementation and the tests)."""
+and the byte is x's top 8 bits: six integer operations per probability (Philox's call cost less per byte where
+all 16 of its bytes served, in the forward, and more in dK/dV's transposed tiles, which used 4). M1, M2 (and the
+seed's mixing) are lowbias32's (C. Wellons, hash-prospector). Statistics (benchmarks/dropout_stats.py, 16 seeds
+of 4096 x 4096 at offsets up to 2^17): byte pairs at 12 lags along each axis (1 .. 1024, Fibonacci lags among
+them), diagonals, the corners of 2 x 2 squares (adjacent, up to 64 apart, random), and the masks of seeds one
+apart or with the high bit flipped show no dependence (37 chi-square tests, |z| < 3). A probability is kept when
+its byte is >= THRESHOLD, in 1 .. 255: the rate is THRESHOLD / 256 (p rounded to a multiple of 1/256,
+jax_flash_amd/reference.py: dropout_threshold). reference.py mirrors this bit for bit (the xla implementation)."""
 import triton
 import triton.language as tl
 
