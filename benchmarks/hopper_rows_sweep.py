@@ -132,7 +132,8 @@ DROPOUT_DS = {"dkdv": [_drop(128, 32, 64, 4, 3, ds=False), _drop(128, 64, 64, 4,
                        _drop(128, 32, 128, 4, 3), _drop(128, 64, 128, 8, 2), _drop(128, 32, 64, 4, 2),
                        _drop(128, 32, 64, 8, 3)],
               "_dropout": 0.1}
-# and the forward's (sm90 runs dropout on the CUDA pointer row: 128 x 128 x 8 x 3 at D 128)
+# and the forward's (with Philox sm90 ran dropout on the CUDA pointer row, 128 x 128 x 8 x 3 at D 128; with the hash
+# the shipped row is the TMA row, and the first candidate that pointer row)
 DROPOUT_FWD = {"fwd": [_drop(128, 128, 128, 8, 3, ds=False), _drop(128, 128, 64, 8, 3, ds=False),
                        _drop(128, 128, 128, 8, 2, ds=False),
                        _drop(128, 64, 128, 4, 3, ds=False), _drop(128, 64, 64, 4, 3, ds=False),
@@ -145,10 +146,12 @@ DROPOUT_TMA = {"dkdv": [_drop(128, 32, 64, 4, 3), _row(128, 32, 128, 4, 2, ws=Tr
                         _row(128, 64, 64, 4, 2, ws=True, DS=True), _row(128, 32, 128, 8, 2, DS=True),
                         _row(128, 32, 64, 4, 2, ws=True, DS=True)],
                "_dropout": 0.1}
-# a narrow window with dropout: the TMA rows it takes since the hash, against the "+window" pointer rows of before
+# a narrow window with dropout: the TMA rows it took with the hash before _launch._takes_tma's rule (the default then;
+# since, the pointer rows are the default and these candidates repeat them), against the "+window" pointer rows
 DROPOUT_WINDOW = {"fwd": [_drop(128, 64, 64, 4, 3, ds=False)], "dkdv": [_drop(128, 32, 64, 4, 3, ds=False)],
                   "dq": [_drop(128, 64, 32, 4, 3, ds=False)], "_dropout": 0.1}
-# D 64 with dropout: the forward's TMA row where it runs persistent (since the hash), against its pointer row
+# D 64 with dropout: the forward's TMA row where it runs persistent (the default before sm90's "fwd+dropout" rows left
+# it out; since, the default is this pointer row), against its pointer row
 DROPOUT_FWD64 = {"fwd": [_drop(64, 128, 64, 4, 3, ds=False)], "_dropout": 0.1}
 DROPOUT_DS64 = {"dkdv": [_drop(64, 32, 128, 4, 3), _drop(64, 64, 64, 4, 3), _drop(64, 32, 64, 4, 3)],
                 "_dropout": 0.1}

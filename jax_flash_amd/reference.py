@@ -41,6 +41,7 @@ def dropout_bytes(seeds, seq_q: int, seq_k: int, row0=None, col0=None) -> jax.Ar
     """(B, H, seq_q, seq_k) uint32 in [0, 256): the random byte of every probability for seeds (B, H, 2) uint32
     (kernels/dropout.py, bit for bit). row0, col0 (B,) int32 (both or neither): the rows and keys are those of a
     larger call from these positions on (operands.Operands.positions)."""
+    seeds = jax.lax.bitcast_convert_type(jnp.asarray(seeds), jnp.uint32)  # int32 bits too: logical shifts below
     lo, hi = seeds[..., 0, None], seeds[..., 1, None]  # (B, H, 1)
     key_q = _mix(lo ^ _mix(hi ^ jnp.uint32(0x5BD1E995)))
     key_k = _mix(hi ^ _mix(lo + jnp.uint32(0x27D4EB2F)))

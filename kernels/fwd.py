@@ -217,8 +217,8 @@ def _fwd_tile(start_m, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg,
         slope = tl.load(Slopes + bh)
     # TMA (Hopper): Q, K and V through masking.element_tiles descriptors. All key blocks of the band run
     # in one loop. (Triton 3.6, sm90: the warp-specialisation pass fails to compile a kernel with a second
-    # key loop, a dot outside the loop, a pointer-loaded Q, dropout or segment ids, and leaves a loop with
-    # a branch in it unpartitioned; 3-D descriptors with reshaped tiles compile but hang on the H200.)
+    # key loop, a dot outside the loop, a pointer-loaded Q, segment ids or a reshape (Philox's dropout draw),
+    # leaves a loop with a branch unpartitioned; 3-D descriptors with reshaped tiles compile but hang on H200.)
     kv_col = (h // (H // KV_H)) * HEAD_DIM
     kv_row = b * seq_k
     if TMA:

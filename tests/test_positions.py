@@ -12,10 +12,9 @@ from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
 
 NAMES = ("out", "lse", "dq", "dk", "dv")
-# the larger call (seq_q != seq_k: its diagonal differs from the block's) and the block: rows [32, 56),
-# keys [16, 56); starts multiples of 16 (dropout), the key start not of 32 (the interpreter's dK/dV
-# dropout tiles are 32 keys wide), ragged block lengths
-SQ, SK, R0, C0, SQ_BLOCK, SK_BLOCK = 80, 96, 32, 16, 24, 40
+# the larger call (seq_q != seq_k: its diagonal differs from the block's) and the block: rows [30, 54),
+# keys [13, 53); starts on no block boundary (dropout's hash takes any), ragged block lengths
+SQ, SK, R0, C0, SQ_BLOCK, SK_BLOCK = 80, 96, 30, 13, 24, 40
 
 
 def _vjp(impl, q, k, v, dout, dlse, extras, opts):

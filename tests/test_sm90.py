@@ -217,9 +217,9 @@ def _one_kv_head_per_launch(monkeypatch, b, group, sq, sk, block_n):
     monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", ws_rows * ws_cols * 2)
 
 
-# dropout on the dS path (sm90's dropout row: pointer loads, dS^T stored through a descriptor): its keep mask drawn
-# once, by dK/dV, and dQ from dS; the interpreter's dropout tiles (32-key groups of random bytes), dQ's query tiles
-# twice dK/dV's (so that one spans written and skipped tiles, as on the GPU)
+# dropout on the dS path (sm90's dropout rows: the TMA row, or for calls that cannot take it the pointer row, dS^T
+# stored through a descriptor): its keep mask drawn once, by dK/dV, and dQ from dS; the interpreter's pointer rows,
+# dQ's query tiles twice dK/dV's (so that one spans written and skipped tiles, as on the GPU)
 DROPOUT_DS_ROWS = {"dkdv": dict(max_block_d=512, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, DS=True),
                    "dqds": dict(DS_INTERPRET_ROWS["dqds"], BLOCK_M=64)}
 DROPOUT_DS_CASES = {
@@ -248,7 +248,7 @@ def test_dropout_on_the_ds_path_in_the_interpreter(case, rows, monkeypatch):
     if rows == "tma" and (c["sq"] % 4 or c.get("softcap")):
         pytest.skip("dK/dV takes its pointer row (_launch._dkdv_takes_tma)")
     _dropout_on_the_ds_path(case, "interpret", _interpret.run, DROPOUT_TMA_ROWS if rows == "tma" else DROPOUT_DS_ROWS,
-                            32, 1, jnp.float16, monkeypatch)
+                            32, 1, jnp.float16, monkeypatch, tma=rows == "tma")
 
 
 @pytest.mark.parametrize("case", list(DROPOUT_DS_CASES))
@@ -262,7 +262,8 @@ def test_dropout_on_the_ds_path(case, dtype, monkeypatch):
     _dropout_on_the_ds_path(case, "sm90", _triton.run, None, 128, 7, dtype, monkeypatch)
 
 
-def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, monkeypatch):
+def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, monkeypatch, tma=None):
+    """tma: whether the forward and dK/dV launches must (True) or must not (False) have run their TMA rows."""
     from jax_flash_amd import reference
     c = {**dict(causal=False, window=(-1, -1), softcap=0.0, alibi=False, h=2, h_kv=2, by_heads=False),
          **DROPOUT_DS_CASES[case]}
@@ -275,13 +276,16 @@ def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, monkeyp
     slopes = jnp.asarray([[0.3, 0.1, 0.05, 0.2][:h]] * b, jnp.float32) if c["alibi"] else None
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], window, sq, sk), softcap=c["softcap"], dropout_p=p)
     if c["by_heads"]:  # room for one key/value head's workspace (of the dK/dV row the call takes): a launch per head
-        tma = _launch._dkdv_takes_tma(q, statics, Operands(seeds=seeds))
-        block_n = pick_config(target, "dkdv", d, dtype, rows, "dropout", tma=tma)[0]["BLOCK_N"]
+        takes = _launch._dkdv_takes_tma(q, statics, Operands(seeds=seeds))
+        block_n = pick_config(target, "dkdv", d, dtype, rows, "dropout", tma=takes)[0]["BLOCK_N"]
         _one_kv_head_per_launch(monkeypatch, b, h // c["h_kv"], sq, sk, block_n)
     launched = []
 
+    tma_runs = set()
+
     def run(launch):
         launched.append(launch.kernel.__name__)
+        tma_runs.add((launch.kernel.__name__, bool(launch.constexprs.get("TMA"))))
         return run_launch(launch)
 
     def fwd_bwd(q, k, v, dout, dlse, extras):
@@ -293,6 +297,8 @@ def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, monkeyp
                                                                   Operands(slopes=slopes, seeds=seeds))
     assert launched.count("attn_bwd_dq_ds") == (c["h_kv"] if c["by_heads"] else 1), launched
     assert "attn_bwd_dq" not in launched, launched
+    if tma is not None:
+        assert {("attn_fwd", tma), ("attn_bwd_dkdv", tma)} <= tma_runs, tma_runs
     kw = dict(causal=c["causal"], softcap=c["softcap"])
     ref = oracle.attention(q, k, v, dout, dlse, window=window, alibi=slopes, dropout_p=p,
                            keep=reference.dropout_keep(seeds, sq, sk, p), **kw)
@@ -346,7 +352,8 @@ def test_dropout_at_d64(causal):
     ((4, 4096, 16), 16, 128, jnp.float32, False, (-1, -1), 0.0, 0),
     ((4, 4095, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 0.0, 0),  # seq_q % 4: dK/dV's pointer row
     ((4, 4096, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 30.0, 0),  # softcap: dK/dV's pointer row
-    # dropout: its pointer row at D 128, softcap too (the pointer loop has no warp specialisation to spill in)
+    # dropout: its TMA row at D 128 (the pointer row with softcap or seq_q % 4; at these lengths the workspace, and
+    # so the heads per launch, is the same for either row's key tiles)
     ((4, 4096, 16), 16, 128, jnp.bfloat16, True, (-1, -1), 0.0, "dropout 16"),
     ((4, 4095, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 30.0, "dropout 16"),
     ((1, 16384, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 0.0, "dropout 4"),
@@ -926,3 +933,29 @@ def test_which_calls_run_the_edges_apart(shape, d, causal, window, fwd, dkdv, mo
     for name, apart in (("attn_fwd", fwd), ("attn_bwd_dkdv", dkdv)):
         edges = [e for kernel, e in launched if kernel == name]
         assert edges and edges == ([1, 2] * (len(edges) // 2) if apart else [0] * len(edges)), (name, launched)
+
+
+@pytest.mark.parametrize("window", [None, (8191, 0)], ids=["causal", "wide-window"])
+def test_dropout_runs_no_edges_apart(window, monkeypatch):
+    """With dropout the TMA rows keep the band's edge blocks in their one loop (the forward's partial would carry
+    keep_scale; _launch.edges_apart's callers), where without it the same calls run them apart (above)."""
+    from jax_flash_amd import reference
+    monkeypatch.setattr(_launch, "compute_units", lambda target: 132)
+    b, n, h, d = 1, 16384, 16, 128
+    launched = []
+
+    def run(launch):
+        launched.append((launch.kernel.__name__, launch.constexprs.get("EDGES"), launch.constexprs.get("TMA")))
+        return tuple(jnp.zeros(s.shape, s.dtype) for s in launch.out_shapes)
+
+    statics = _launch.Statics(d ** -0.5, Band.of(True, window or (-1, -1), n, n), dropout_p=0.1)
+    extras = Operands(seeds=reference.dropout_seeds(jax.random.key(0), b, h))
+
+    def f(x, lse):
+        out, lse2 = _launch.forward(run, "sm90", x, x, x, extras, statics=statics)
+        return _launch.backward(run, "sm90", x, x, x, out, lse2, x, lse, extras, statics=statics)
+
+    jax.eval_shape(f, jax.ShapeDtypeStruct((b, n, h, d), jnp.bfloat16), jax.ShapeDtypeStruct((b, h, n), jnp.float32))
+    for name in ("attn_fwd", "attn_bwd_dkdv"):
+        runs = [(e, tma) for kernel, e, tma in launched if kernel == name]
+        assert runs and all(e == 0 and tma for e, tma in runs), (name, launched)
