@@ -4,7 +4,7 @@ outputs checked for non-finite values and compared bit for bit with the first ca
 deterministic); batch 2, H heads (4), exits 1 if a call was wrong. Needs a Hopper GPU.
 
     [compute-sanitizer --tool racecheck --kernel-name kns=no_such_kernel] \
-        python -m benchmarks.hopper_ws_sanitizer_probe ROW [N [REPEATS [causal|full [alibi|noalibi [D [H]]]]]]
+        python -m benchmarks.hopper_ws_sanitizer_probe ROW [N [REPEATS [causal|full [alibi|noalibi [D [H [P]]]]]]]
 
 With lse and delta through 1-D TMA descriptors (the kernels up to commit 7947690) the warp-specialised dK/dV
 rows failed two ways: under compute-sanitizer (racecheck, even with no kernel instrumented; not memcheck,
@@ -15,7 +15,8 @@ row passes both; the D 64 one no longer compiles (Triton 3.6), so D 64 ships wit
 ROW: default (the rows that ship: kernels/configs.py), ws (the warp-specialised dK/dV row of D: D 128's shipped
 row, D 64's, which shipped until the tenth session), s3 (it at 3 stages), 64x128 (it with 64-query blocks), nows
 (it without warp specialisation, 8 warps), fwd (the warp-specialised forward row, one program per tile, with
-dK/dV's pointer row; the D 128 row's tiles at any D), fwd-persistent (the same, persistent where balanced)."""
+dK/dV's pointer row; the D 128 row's tiles at any D), fwd-persistent (the same, persistent where balanced).
+P: a dropout rate (default 0), the same seeds every call."""
 import sys
 
 import jax
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.hopper_rows_sweep import pointer_dkdv
-from jax_flash_amd import _launch, _triton
+from jax_flash_amd import _launch, _triton, reference
 from jax_flash_amd.kernels import configs
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
@@ -50,11 +51,13 @@ def main(argv):
     alibi = (argv[4] if len(argv) > 4 else "alibi") == "alibi"
     d = int(argv[5]) if len(argv) > 5 else 64
     h = int(argv[6]) if len(argv) > 6 else 4
+    p = float(argv[7]) if len(argv) > 7 else 0.0
     b = 2  # 2 x 300 x 4: the shape of the GPU test that failed once (tests/test_sm90.py)
     keys = jax.random.split(jax.random.key(d + n), 4)
     q, k, v, do = (jax.random.normal(x, (b, n, h, d), jnp.bfloat16) for x in keys)
-    extras = Operands(slopes=jax.random.uniform(jax.random.key(1), (b, h), jnp.float32, 0.01, 0.5) if alibi else None)
-    statics = _launch.Statics(d ** -0.5, Band.of(causal, (-1, -1), n, n))
+    extras = Operands(slopes=jax.random.uniform(jax.random.key(1), (b, h), jnp.float32, 0.01, 0.5) if alibi else None,
+                      seeds=reference.dropout_seeds(jax.random.key(2), b, h) if p else None)
+    statics = _launch.Statics(d ** -0.5, Band.of(causal, (-1, -1), n, n), dropout_p=p)
     dlse = jnp.zeros((b, h, n), jnp.float32)
     chosen = rows(name, d)
 
@@ -64,7 +67,8 @@ def main(argv):
         return (out, lse) + _launch.backward(_triton.run, "sm90", q, k, v, out, lse, do, dlse, extras,
                                              statics=statics, rows=chosen)
 
-    label = f"{name} D {d} H {h} N {n} {'causal' if causal else 'full'} {'alibi' if alibi else 'noalibi'}"
+    label = (f"{name} D {d} H {h} N {n} {'causal' if causal else 'full'} {'alibi' if alibi else 'noalibi'}"
+             + (f" dropout {p}" if p else ""))
     names = ("out", "lse", "dq", "dk", "dv")
     first, failed = None, 0
     for rep in range(repeats):

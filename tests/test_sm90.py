@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 from helpers import ON_GPU, assert_close, inputs, run as run_impl
-from jax_flash_amd import _launch, _triton
+from jax_flash_amd import _launch, _triton, reference
 from jax_flash_amd._config_choice import pick_config
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.kernels import configs
@@ -37,8 +37,10 @@ def _id(kernel_row):
             f"-s{row['num_stages']}" + ("-ws" if row.get("WARP_SPECIALIZE") else "") + ("-ds" if row.get("DS") else ""))
 
 
-# window: both sides bound (the "+window" rows take the TMA rows too), narrower than a block
-VARIANTS = {"plain": {}, "softcap": dict(softcap=20.0), "alibi": {}, "gqa": {}, "window": dict(window=(37, 5))}
+# window: both sides bound (the "+window" rows take the TMA rows too), narrower than a block; dropout: D 128 rows
+# (D 64 dropout keeps its pointer rows: configs.py "fwd+dropout")
+VARIANTS = {"plain": {}, "softcap": dict(softcap=20.0), "alibi": {}, "gqa": {}, "window": dict(window=(37, 5)),
+            "dropout": dict(dropout=0.2)}
 
 
 @pytest.mark.parametrize("kernel_row", ROWS, ids=_id)
@@ -92,6 +94,9 @@ def _check_row(kernel_row, dtype, causal, seq, variant, monkeypatch, edges=False
     if variant != "plain" and (dtype != jnp.bfloat16 or seq != 300):
         pytest.skip("variants: bf16, ragged")
     kernel, row = kernel_row
+    p = VARIANTS[variant].get("dropout", 0.0)
+    if p and row["max_block_d"] <= 64:
+        pytest.skip("dropout at D 64: the pointer rows")
     takes_ds = kernel == "dqds" or (kernel == "dkdv" and row.get("DS"))
     if takes_ds:
         if variant == "softcap":
@@ -105,8 +110,10 @@ def _check_row(kernel_row, dtype, causal, seq, variant, monkeypatch, edges=False
     window = VARIANTS[variant].get("window", (-1, -1))
     slopes = (jax.random.uniform(jax.random.key(1), (b, h), jnp.float32, 0.01, 0.5) if variant == "alibi"
               else None)
-    statics = _launch.Statics(d ** -0.5, Band.of(causal, window, seq, seq), softcap=softcap)
-    extras = Operands(slopes=slopes)
+    statics = _launch.Statics(d ** -0.5, Band.of(causal, window, seq, seq), softcap=softcap, dropout_p=p)
+    rng = jax.random.key(4)
+    seeds = reference.dropout_seeds(rng, b, h) if p else None
+    extras = Operands(slopes=slopes, seeds=seeds)
     target = _triton.target()
     launched = []
 
@@ -125,11 +132,12 @@ def _check_row(kernel_row, dtype, causal, seq, variant, monkeypatch, edges=False
     if edges:  # and the edges' launch (a band, or ragged blocks)
         name = {"fwd": "attn_fwd", "dkdv": "attn_bwd_dkdv"}[kernel]
         assert launched.count(name) == 1 + (causal or variant == "window" or seq % 128 > 0), launched
-    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, window=window, softcap=softcap, alibi=slopes)
+    drop = dict(dropout_p=p, keep=reference.dropout_keep(seeds, seq, seq, p)) if p else {}
+    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, window=window, softcap=softcap, alibi=slopes, **drop)
     for name, x in got.items():
         assert np.isfinite(np.asarray(x, np.float32)[np.isfinite(ref[name])]).all(), name
     base = run_impl("xla", q, k, v, dout, dlse, causal=causal, window_size=window, softcap=softcap,
-                    alibi_slopes=slopes)
+                    alibi_slopes=slopes, **(dict(dropout_p=p, dropout_rng=rng) if p else {}))
     assert_close(got, ref, base, dtype)
 
 
@@ -264,7 +272,6 @@ def test_dropout_on_the_ds_path(case, dtype, monkeypatch):
 
 def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, monkeypatch, tma=None):
     """tma: whether the forward and dK/dV launches must (True) or must not (False) have run their TMA rows."""
-    from jax_flash_amd import reference
     c = {**dict(causal=False, window=(-1, -1), softcap=0.0, alibi=False, h=2, h_kv=2, by_heads=False),
          **DROPOUT_DS_CASES[case]}
     b, h, p, sq, sk = 2, c["h"], 0.25, c["sq"] * f, c["sk"] * f
@@ -313,7 +320,6 @@ def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, monkeyp
 def test_dropout_at_d64(causal):
     """D 64 with dropout, a shape whose plain forward runs the persistent TMA row: with dropout the pointer rows
     (configs.py "fwd+dropout": that row was slower with the hash), against float64 with the kernels' keep mask."""
-    from jax_flash_amd import reference
     if _triton.target() != "sm90":
         pytest.skip("needs a Hopper GPU")
     b, sq, h, d, p = 2, 1024, 32, 64, 0.2
@@ -874,13 +880,14 @@ def test_every_sm90_dkdv_row_persistent(row, causal, variant, monkeypatch):
     ["300", "40", "causal", "alibi", "128", "4"],  # D 128: the warp-specialised forward and dK/dV, masked
     ["256", "40", "full", "noalibi", "128", "4"],  # the same unmasked (whole blocks: lse / delta loaded first)
     ["1024", "40", "full", "noalibi", "64", "32"],  # D 64: the persistent warp-specialised forward; dK/dV's pointer row
-], ids=["d128-masked", "d128-unmasked", "d64"])
+    ["300", "40", "causal", "alibi", "128", "4", "0.1"],  # D 128 with dropout: the warp-specialised rows, dS path
+], ids=["d128-masked", "d128-unmasked", "d64", "d128-dropout"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_shipped_rows_under_contention(shape):
     """8 processes at once, each 40 forward + backward calls of the shipped rows (batch 2; N, calls, mask, ALiBi,
-    D, H as `shape` gives them to the probe), every call finite and bit for bit the first call's (the kernels are
-    deterministic)."""
+    D, H and the dropout rate as `shape` gives them to the probe), every call finite and bit for bit the first
+    call's (the kernels are deterministic)."""
     if _triton.target() != "sm90":
         pytest.skip("needs a Hopper GPU")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -939,7 +946,6 @@ def test_which_calls_run_the_edges_apart(shape, d, causal, window, fwd, dkdv, mo
 def test_dropout_runs_no_edges_apart(window, monkeypatch):
     """With dropout the TMA rows keep the band's edge blocks in their one loop (the forward's partial would carry
     keep_scale; _launch.edges_apart's callers), where without it the same calls run them apart (above)."""
-    from jax_flash_amd import reference
     monkeypatch.setattr(_launch, "compute_units", lambda target: 132)
     b, n, h, d = 1, 16384, 16, 128
     launched = []
