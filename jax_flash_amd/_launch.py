@@ -237,7 +237,7 @@ def tiled_order(n_blocks: int, rows: int, grouped: bool,
                            for first in range(0, rows, per)])
 
 
-def edges_apart(blocks: dict, loop: int, block: int, band: rules.Band, whole: bool, ds: bool = False) -> bool:
+def edges_apart(blocks: dict, loop: int, block: int, statics: Statics, whole: bool, ds: bool = False) -> bool:
     """Whether a call of a TMA row runs the masked blocks at its band's edges in a launch of their own
     (kernels/fwd.py, bwd.py: EDGES; `loop` positions in blocks of `block` along the kernel's loop, keys
     for the forward, queries for dK/dV): where its one warp-specialised loop would mask every block (a band,
@@ -246,10 +246,11 @@ def edges_apart(blocks: dict, loop: int, block: int, band: rules.Band, whole: bo
     width where both sides bound it; configs.DS_EDGES_APART_BLOCKS on the dS path, `ds`), so that the mask
     saved outweighs the second launch and the float32 partial result between the two (configs.py: H200
     measurements). The edge launches rely on what a TMA row implies (_takes_tma: no fp8 or segment ids, whose
-    partial would carry lse's fp8 shift or a mask on every block), on no dropout (the callers': the forward's
+    partial would carry lse's fp8 shift or a mask on every block), on no dropout (refused here: the forward's
     partial would carry keep_scale; the backward's edges were not run with it) and on no SPLIT; attn_fwd
     asserts it too (attn_bwd_dkdv does not: that assert moved the H200-tested kernel's shared-memory layout)."""
-    if not blocks.get("TMA") or blocks.get("SPLIT") or (not band.sides and whole):
+    band = statics.band
+    if not blocks.get("TMA") or blocks.get("SPLIT") or statics.dropout_p > 0 or (not band.sides and whole):
         return False
     width = band.left + band.right + 1 if band.left >= 0 and band.right >= 0 else loop
     return _cdiv(min(width, loop), block) >= (configs.DS_EDGES_APART_BLOCKS if ds else configs.EDGES_APART_BLOCKS)
@@ -306,8 +307,8 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
         constexprs["KEYS_EVEN"] = k.shape[1] % blocks["BLOCK_N"] == 0
     # not with a persistent grid: the float32 partial's staging takes that D 128 kernel's shared memory past an
     # SM's (sm90 cross-compile: 262 KB; tiled 230 KB, of 227 KiB)
-    edges = not programs and statics.dropout_p == 0 and edges_apart(blocks, k.shape[1], blocks["BLOCK_N"],
-                                                                    statics.band, constexprs.get("KEYS_EVEN", False))
+    edges = not programs and edges_apart(blocks, k.shape[1], blocks["BLOCK_N"], statics,
+                                         constexprs.get("KEYS_EVEN", False))
     blocks = dict(blocks, PERSISTENT=programs > 0, EDGES=int(edges))
     if programs:
         grid = (programs, 1)
@@ -363,8 +364,7 @@ def _dkdv(run: Run, target: str, q, k, v, dout, lse2, delta, extras: Operands, s
         programs = persistent_programs(blocks, target, b * h_kv, sq, sk, statics.band, keys=True)
     persistent = 0 < programs < n_blocks * b * h_kv
     grid = (programs, 1, 1) if persistent else (n_blocks, b * h_kv, 2 if blocks["SPLIT"] else 1)
-    edges = statics.dropout_p == 0 and edges_apart(blocks, sq, blocks["BLOCK_M"], statics.band,
-                                                   blocks.get("QUERIES_EVEN", False), ds)
+    edges = edges_apart(blocks, sq, blocks["BLOCK_M"], statics, blocks.get("QUERIES_EVEN", False), ds)
     scalars, constexprs = _common(q, k, statics)
     inputs = dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, blocks["BLOCK_N"]), dOut=dout, Lse=lse2,
                   Delta=delta, batch=b, **scalars)
