@@ -5,7 +5,8 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
                                                                    # d64persistent, d64long, windowpersistent, windowany,
                                                                    # tail, ds, dkdvpersistent, dkdvpersistent2048, wsfallback,
                                                                    # d128seven, edges, bm256, dropoutds, dropoutfwd,
-                                                                   # ds16k, dropouttma, dropoutwindow, dropoutfwd64
+                                                                   # ds16k, dropouttma, dropoutwindow, dropoutfwd64,
+                                                                   # windowds, d64ws, windowbanded
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -156,6 +157,25 @@ DROPOUT_FWD64 = {"fwd": [_drop(64, 128, 64, 4, 3, ds=False)], "_dropout": 0.1}
 DROPOUT_DS64 = {"dkdv": [_drop(64, 32, 128, 4, 3), _drop(64, 64, 64, 4, 3), _drop(64, 32, 64, 4, 3)],
                 "_dropout": 0.1}
 
+# a narrow window on the dS path (_launch._ds_heads leaves narrow windows to seven products: its workspace holds
+# whole rows of which the band uses a few blocks): NARROW_WINDOW 0 lets the window take it, with the workspace budget
+# (4 launches of 4 heads at 1 x 16384 x 16) or one launch; and the dS path's dQ on 64 x 64 tiles
+_WIDE_DS = dict(NARROW_WINDOW=0, DS_WORKSPACE_BYTES=16 << 30)
+WINDOW_DS = {"dkdv": [dict(configs._SM90_DKDV_TMA, _limits=dict(NARROW_WINDOW=0)),
+                      dict(configs._SM90_DKDV_TMA, _limits=_WIDE_DS),
+                      dict(configs._SM90_DKDV_TMA, _limits=_WIDE_DS, _with={"dqds": _dqds(128, 64, 64, 4, 3)}),
+                      dict(configs._SM90_DKDV_TMA, _limits=_WIDE_DS, _with={"dqds": _dqds(128, 64, 128, 4, 3)})]}
+
+# D 64's dK/dV through TMA + WS on D 128's tiles (64 x 128, lse / delta through pointers): the 128 x 128 row fails
+# Triton 3.6's warp-specialisation pass with pointer lse / delta (WSLowerToken.cpp:73), this tile compiles (sm90:
+# 12 warps, 168 registers, no spills, 82-115 KB), against the pointer row D 64 takes
+_D64_WS = dict(configs._SM90_DKDV_TMA, max_block_d=64, min_block_d=64, DS=False)
+D64_WS = {"dkdv": [_D64_WS, dict(_D64_WS, num_stages=3), dict(_D64_WS, BLOCK_M=32), dict(_D64_WS, PERSISTENT=1),
+                   dict(_D64_WS, DS=True)]}
+
+# the banded dS path (shipped for windows) against seven products (what narrow windows took before)
+WINDOW_SEVEN = {"dkdv": [dict(configs._SM90_DKDV_TMA, DS=False)]}
+
 # what the mask costs the D 128 TMA forward: the shipped row with every block masked
 MASK_PROBE = {"fwd": [_row(128, 128, 128, 4, 2, ws=True, KEYS_EVEN=False)]}
 
@@ -199,6 +219,11 @@ SETS = {
                   + [((1, 16384, 16, 128), False, (-1, -1), DROPOUT_TMA)],
     "dropoutfwd64": [((b, n, 32, 64), causal, (-1, -1), DROPOUT_FWD64) for b, n in ((16, 1024), (4, 4096))
                      for causal in (False, True)],
+    "d64ws": [((b, n, 32, 64), causal, (-1, -1), D64_WS) for b, n in ((16, 1024), (4, 4096), (1, 16384))
+              for causal in (False, True)],
+    "windowbanded": [((b, 16384 // b, 16, 128), w[1] == 0, w, WINDOW_SEVEN)
+                     for b, w in ((1, (1024, 0)), (4, (1024, 0)), (1, (4096, 0)), (1, (256, 256)))],
+    "windowds": [((b, 16384 // b, 16, 128), True, (1024, 0), WINDOW_DS) for b in (1, 4)],
     "dropoutwindow": [((1, 16384, 16, 128), True, (1024, 0), DROPOUT_WINDOW)],
     "ds16k": [((1, 16384, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)],
     "ds": [((4, 4096, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)]

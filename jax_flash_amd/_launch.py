@@ -373,8 +373,10 @@ def _dkdv(run: Run, target: str, q, k, v, dout, lse2, delta, extras: Operands, s
         bwd.attn_bwd_dkdv, grid=grid,
         inputs=dict(inputs, DKPart=_placeholder(), DVPart=_placeholder(), DSPart=_placeholder()),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, part or k.dtype), jax.ShapeDtypeStruct(v.shape, part or v.dtype),
-                    jax.ShapeDtypeStruct(ds_workspace(b, h, sq, sk, blocks["BLOCK_N"]) if ds else (1,), q.dtype)),
-        constexprs={**constexprs, **blocks, "DS": ds, "PERSISTENT": persistent, "EDGES": int(edges)},
+                    jax.ShapeDtypeStruct(ds_workspace(b, h, sq, sk, blocks["BLOCK_N"], statics.band) if ds else (1,),
+                                         q.dtype)),
+        constexprs={**constexprs, **blocks, "DS": ds, "PERSISTENT": persistent, "EDGES": int(edges),
+                    **_ds_band(statics.band, sq, ds)},
         options=options, extras=extras,
     ))
     if edges:  # the band's edge blocks, added to those partial sums (kernels/bwd.py EDGES); on the dS path
@@ -385,7 +387,8 @@ def _dkdv(run: Run, target: str, q, k, v, dout, lse2, delta, extras: Operands, s
             inputs=dict(inputs, DKPart=dk, DVPart=dv, DSPart=ds_out),
             out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
                         jax.ShapeDtypeStruct(ds_out.shape, q.dtype)),
-            constexprs={**constexprs, **blocks, "DS": ds, **edge}, options=edge_options, extras=extras,
+            constexprs={**constexprs, **blocks, "DS": ds, **_ds_band(statics.band, sq, ds), **edge},
+            options=edge_options, extras=extras,
         )
         if ds:
             launch = dataclasses.replace(launch, aliases=((_params(bwd.attn_bwd_dkdv).index("DSPart"), 2),))
@@ -393,10 +396,30 @@ def _dkdv(run: Run, target: str, q, k, v, dout, lse2, delta, extras: Operands, s
     return dk, dv, ds_out
 
 
-def ds_workspace(batch: int, heads: int, sq: int, sk: int, block_n: int) -> tuple[int, int]:
+def ds_workspace(batch: int, heads: int, sq: int, sk: int, block_n: int, band: rules.Band) -> tuple[int, int]:
     """(rows, cols) of the dS path's 16-bit workspace for `heads` query heads, as kernels/bwd.py ds_tiles
-    lays it out: seq_k rounded up to the dK/dV row's block_n per (batch, head), seq_q rounded up to 8."""
-    return batch * heads * _cdiv(sk, block_n) * block_n, _cdiv(sq, 8) * 8
+    lays it out: seq_k rounded up to the dK/dV row's block_n per (batch, head); seq_q rounded up to 8, or
+    where the layout is banded (_ds_band) the columns a row's band needs."""
+    rows = batch * heads * _cdiv(sk, block_n) * block_n
+    return rows, (_ds_band_cols(band) if _ds_banded(band, sq) else _cdiv(sq, 8) * 8)
+
+
+def _ds_band_cols(band: rules.Band) -> int:
+    """A banded workspace's columns (kernels/bwd.py ds_tiles with DS_BAND)."""
+    return _cdiv(2 * configs.DS_BAND_BLOCK - 1 + band.left + band.right, 8) * 8
+
+
+def _ds_banded(band: rules.Band, sq: int) -> bool:
+    """Whether the dS path's workspace takes the banded layout (kernels/bwd.py ds_tiles, DS_BAND): a band
+    bounded on both sides whose banded rows (_ds_band_cols) are narrower than seq_q's, so that a window's
+    workspace grows with its width, not with seq_q (window (1024, 0), 1 x 16384 x 16 heads: 42 MB per head
+    where whole rows take 512 MB)."""
+    return band.left >= 0 and band.right >= 0 and _ds_band_cols(band) < _cdiv(sq, 8) * 8
+
+
+def _ds_band(band: rules.Band, sq: int, ds: bool) -> dict:
+    """The DS_BAND constexpr of a dK/dV or dQ launch on the dS path (ds), where _ds_banded."""
+    return {"DS_BAND": True} if ds and _ds_banded(band, sq) else {}
 
 
 def ds_heads(target: str, q, k, statics: Statics, extras: Operands = Operands(), rows=None) -> int:
@@ -411,16 +434,15 @@ def _ds_heads(q, k, statics: Statics, extras: Operands, dkdv_blocks: dict) -> in
     coordinates); 0 where none does. Only with a dK/dV row marked DS (sm90: the TMA rows, and the dropout
     row through pointer loads; the path's H200 measurements in configs.py), for what attn_bwd_dq_ds reads
     (its TMA descriptors: _whole_16bit_tiles), not with segment ids (dK/dV skips the blocks outside a
-    segment's range, whose workspace tiles dQ would then read unwritten), and not for narrow windows
-    (configs.NARROW_WINDOW: the workspace would hold whole rows of which the band uses a few blocks; seven
-    products measured fast enough there)."""
+    segment's range, whose workspace tiles dQ would then read unwritten). A window's workspace is banded
+    (_ds_banded), so windows take the path at lengths whose whole rows would not fit."""
     if (not dkdv_blocks.get("DS") or dkdv_blocks["SPLIT"] or not _whole_16bit_tiles(q)
-            or extras.q_segment_ids is not None or statics.band.narrow(configs.NARROW_WINDOW)):
+            or extras.q_segment_ids is not None):
         return 0
     b, sq, h, _ = q.shape
     sk, h_kv = k.shape[1], k.shape[2]
     for n in range(h_kv, 0, -1):
-        ws_rows, ws_cols = ds_workspace(b, n * (h // h_kv), sq, sk, dkdv_blocks["BLOCK_N"])
+        ws_rows, ws_cols = ds_workspace(b, n * (h // h_kv), sq, sk, dkdv_blocks["BLOCK_N"], statics.band)
         if h_kv % n == 0 and ws_rows < 2 ** 31 and ws_rows * ws_cols * 2 <= configs.DS_WORKSPACE_BYTES:
             return n
     return 0
@@ -454,13 +476,18 @@ def _backward_ds(run, target, q, k, v, lse2, delta, dout, extras, statics, rows,
     b, sq, h, d = q.shape
     scalars, constexprs = _common(q, k, statics)
     dk, dv, ds = _dkdv(run, target, q, k, v, dout, lse2, delta, extras, statics, dkdv, ds=True)
-    dq_blocks, dq_options = pick_config(target, "dqds", d, q.dtype, rows)
+    dq_blocks, dq_options = pick_config(target, "dqds", d, q.dtype, rows, _kind(q, k, statics))
+    band = _ds_band(statics.band, sq, True)
+    blocks = (dkdv[0]["BLOCK_M"], dkdv[0]["BLOCK_N"], dq_blocks["BLOCK_M"], dq_blocks["BLOCK_N"])
+    if band and max(blocks) > configs.DS_BAND_BLOCK:
+        raise ValueError(f"dS-path rows with blocks over configs.DS_BAND_BLOCK ({configs.DS_BAND_BLOCK}) cannot "
+                         f"share a banded workspace (kernels/bwd.py ds_col): dK/dV {dkdv[0]}, dQ {dq_blocks}")
     (dq,) = run(_launch(
         bwd.attn_bwd_dq_ds, grid=(_cdiv(sq, dq_blocks["BLOCK_M"]), b * h),
         inputs=dict(K=k, dS=ds, **{n: scalars[n] for n in ("sm_scale", "seq_q", "seq_k", "lo_off", "hi_off")}),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
         constexprs=dict(H=h, KV_H=k.shape[2], HEAD_DIM=d, BANDED=constexprs["BANDED"], DS_BLOCK_N=dkdv[0]["BLOCK_N"],
-                        **dq_blocks),
+                        **dq_blocks, **band),
         options=dq_options, extras=extras,
     ))
     return dq, dk, dv

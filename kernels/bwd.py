@@ -27,8 +27,11 @@ import triton.language as tl
 from .dropout import keep, load_seed
 from .masking import (element_tiles, head_start, key_blocks, load_ids, load_tile, persistent_rounds, persistent_tile,
                       place, query_blocks, span_block, span_blocks, store_tile, tile_order, visible)
+from . import configs
 from .configs import TILED_GROUP_PROGRAMS
 from .scores import scores
+
+DS_BAND_BLOCK = tl.constexpr(configs.DS_BAND_BLOCK)  # the banded dS workspace's granule (ds_tiles)
 
 
 @triton.jit
@@ -49,10 +52,10 @@ def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, st
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
                POSITIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, LOAD_DELTA: tl.constexpr,
-               ds_desc=0, ds_row=0, STORE_DS: tl.constexpr = False):
+               ds_desc=0, ds_row=0, STORE_DS: tl.constexpr = False, DS_BAND: tl.constexpr = False):
     """One query block's share of dk / dv (q, do [BM, BD], lse2 (_seen) loaded). delta [BM] comes loaded,
     or LOAD_DELTA: from Delta + row0 here, after dV's product (in that order AMD's loop is up to 6 %
-    shorter, amd_report). STORE_DS: dS^T also goes to ds_desc at (ds_row, start_m) (the dS path)."""
+    shorter, amd_report). STORE_DS: dS^T also goes to ds_desc at row ds_row (the dS path; ds_col)."""
     s_t, scale2, dlogit_t = scores(tl.dot(k, tl.trans(q), input_precision="ieee"), offs_m[None, :],
                                    offs_n[:, None], q_ids[None, :], k_ids[:, None], seq_q, seq_k, lo_off, hi_off,
                                    diag, sm_scale, softcap, slope, MASKED=MASKED, BANDED=BANDED,
@@ -75,7 +78,7 @@ def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, st
         if SOFTCAP:
             ds_t = ds_t * dlogit_t  # through softcap's tanh
         if STORE_DS:
-            ds_desc.store([ds_row, start_m], ds_t.to(q.dtype))
+            ds_desc.store([ds_row, ds_col(start_m, start_n, hi_off, DS_BAND)], ds_t.to(q.dtype))
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision="ieee")
     return dk, dv
 
@@ -87,7 +90,7 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
                 SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
                 POSITIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, ds_desc=0, ds_rows=0,
-                STORE_DS: tl.constexpr = False):
+                STORE_DS: tl.constexpr = False, DS_BAND: tl.constexpr = False):
     """Query blocks of [lo, hi) then [lo2, hi2), of each of the GROUP query heads that read key/value
     head h_kv: one flat loop (an outer loop over the heads costs registers, which spill at D 128), the
     heads innermost (the GROUP heads' tiles of one query block are read together). DK, DV: which of
@@ -119,7 +122,7 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
                             keep_scale, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED,
                             SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
                             POSITIONS=POSITIONS, DK=DK, DV=DV, LOAD_DELTA=True, ds_desc=ds_desc,
-                            ds_row=(b * H + h) * ds_rows + start_n, STORE_DS=STORE_DS)
+                            ds_row=(b * H + h) * ds_rows + start_n, STORE_DS=STORE_DS, DS_BAND=DS_BAND)
     return dk, dv
 
 
@@ -141,7 +144,7 @@ def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h, start_m, st
                     ds_desc, ds_rows, H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
                     ALIBI: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr,
-                    STORE_DS: tl.constexpr):
+                    STORE_DS: tl.constexpr, DS_BAND: tl.constexpr):
     """_dkdv_tile of query block start_m of head h, its tiles from the descriptors (_dkdv_tma_program);
     STORE_DS: dS^T to ds_desc, ds_rows rows per (batch, head) (ds_tiles)."""
     # lse and delta through pointers: through TMA (a third tile per iteration) the warp-specialised kernels
@@ -163,7 +166,7 @@ def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h, start_m, st
                       BANDED=BANDED, MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=False,
                       DROP_THRESHOLD=DROP_THRESHOLD,
                       POSITIONS=POSITIONS, DK=True, DV=True, LOAD_DELTA=False, ds_desc=ds_desc,
-                      ds_row=(b * H + h) * ds_rows + start_n, STORE_DS=STORE_DS)
+                      ds_row=(b * H + h) * ds_rows + start_n, STORE_DS=STORE_DS, DS_BAND=DS_BAND)
 
 
 @triton.jit
@@ -172,7 +175,7 @@ def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, Seeds, b, h_kv,
               H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
               ALIBI: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr,
-              WARP_SPECIALIZE: tl.constexpr, STORE_DS: tl.constexpr):
+              WARP_SPECIALIZE: tl.constexpr, STORE_DS: tl.constexpr, DS_BAND: tl.constexpr):
     """Query blocks of [lo, hi) of the GROUP query heads of h_kv (heads innermost) in one plain loop, what
     Triton's warp-specialisation pass partitions (as the forward's TMA loop)."""
     if GROUP == 1:
@@ -186,7 +189,7 @@ def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, Seeds, b, h_kv,
                                      slope, seed, keep_scale, k_ids, ds_desc, ds_rows, H=H, HEAD_DIM=HEAD_DIM,
                                      BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED, SOFTCAP=SOFTCAP,
                                      ALIBI=ALIBI, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS,
-                                     STORE_DS=STORE_DS)
+                                     STORE_DS=STORE_DS, DS_BAND=DS_BAND)
     else:
         for i in tl.range(0, tl.cdiv(hi - lo, BLOCK_M) * GROUP, warp_specialize=WARP_SPECIALIZE):
             h = h_kv * GROUP + i % GROUP
@@ -199,7 +202,8 @@ def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, Seeds, b, h_kv,
                                      pos_q, pos_k, sm_scale, softcap, slope, seed, keep_scale, k_ids, ds_desc,
                                      ds_rows, H=H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                                      BANDED=BANDED, MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                                     DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, STORE_DS=STORE_DS)
+                                     DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, STORE_DS=STORE_DS,
+                                     DS_BAND=DS_BAND)
     return dk, dv
 
 
@@ -210,7 +214,7 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                   BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                   SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr, DK: tl.constexpr,
                   DV: tl.constexpr, EDGES: tl.constexpr = 0, DS: tl.constexpr = False,
-                  GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS):
+                  GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS, DS_BAND: tl.constexpr = False):
     """dK (DK) and / or dV (DV) of one key block; EDGES == 2 (attn_bwd_dkdv): only the masked query blocks,
     added to the partial DKPart / DVPart; DS (the dS path): every visited tile's dS^T to the workspace DSPart."""
     i, bh = tile_order(BANDED, GROUP_PROGRAMS)  # bh: batch * KV_H
@@ -237,7 +241,7 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
     ds_desc = DSPart
     ds_rows = 0
     if DS:
-        ds_desc, ds_rows = ds_tiles(DSPart, b, seq_q, seq_k, H, BLOCK_N, BLOCK_N, BLOCK_M)
+        ds_desc, ds_rows = ds_tiles(DSPart, b, seq_q, seq_k, lo_off, hi_off, H, BLOCK_N, BLOCK_N, BLOCK_M, DS_BAND)
     # query blocks that see every key of this block, unmasked (EDGES == 2: done); then those at the band's
     # edges, masked
     if EDGES != 2:
@@ -246,13 +250,14 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                              sm_scale, softcap, QSeg, k_ids, keep_scale, MASKED=False, H=H, GROUP=GROUP,
                              HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                              SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                             POSITIONS=POSITIONS, DK=DK, DV=DV, ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS)
+                             POSITIONS=POSITIONS, DK=DK, DV=DV, ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS,
+                             DS_BAND=DS_BAND)
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, begin, full_begin, full_end, end,
                          start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
                          QSeg, k_ids, keep_scale, MASKED=True, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                          BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
                          SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, DK=DK, DV=DV,
-                         ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS)
+                         ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS, DS_BAND=DS_BAND)
     dk = dk * sm_scale
     if EDGES == 2:
         dk += load_tile(DKPart + kv_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
@@ -270,12 +275,12 @@ def _dkdv_tma_program(Q, K, V, Slopes, Seeds, QueryRanges, Positions, dOut, Lse,
                       BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
                       POSITIONS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                       QUERIES_EVEN: tl.constexpr, DS: tl.constexpr, PERSISTENT: tl.constexpr, EDGES: tl.constexpr,
-                      GROUP_PROGRAMS: tl.constexpr):
+                      GROUP_PROGRAMS: tl.constexpr, DS_BAND: tl.constexpr):
     """dK and dV of one key block (PERSISTENT: of the key blocks masking.persistent_tile hands this program),
     every tile through TMA descriptors (masking.element_tiles), Lse and Delta through pointers (_dkdv_tma_block)."""
     if PERSISTENT:  # whole blocks only (jax_flash_amd/_launch.py): descriptors over the whole batch
-        descriptors = _dkdv_descriptors(Q, K, V, dOut, dS, batch - 1, seq_q, seq_k, H=H, KV_H=KV_H,
-                                        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DS=DS)
+        descriptors = _dkdv_descriptors(Q, K, V, dOut, dS, batch - 1, seq_q, seq_k, lo_off, hi_off, H=H, KV_H=KV_H,
+                                        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DS=DS, DS_BAND=DS_BAND)
         n_n = tl.cdiv(seq_k, BLOCK_N)
         for r in range(0, persistent_rounds(n_n * batch * KV_H)):
             block, bh = persistent_tile(r, n_n, batch * KV_H)
@@ -284,21 +289,24 @@ def _dkdv_tma_program(Q, K, V, Slopes, Seeds, QueryRanges, Positions, dOut, Lse,
                            Positions, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H=H,
                            KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                            SOFTCAP=SOFTCAP, ALIBI=ALIBI, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS,
-                           WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS, EDGES=EDGES)
+                           WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS, EDGES=EDGES,
+                           DS_BAND=DS_BAND)
     else:
         i, bh = tile_order(BANDED, GROUP_PROGRAMS)
-        descriptors = _dkdv_descriptors(Q, K, V, dOut, dS, bh // KV_H, seq_q, seq_k,
-                                        H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DS=DS)
+        descriptors = _dkdv_descriptors(Q, K, V, dOut, dS, bh // KV_H, seq_q, seq_k, lo_off, hi_off, H=H,
+                                        KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DS=DS,
+                                        DS_BAND=DS_BAND)
         _dkdv_tma_tile(i * BLOCK_N, bh, descriptors, Lse, Delta, Slopes, Seeds, QueryRanges, Positions, sm_scale,
                        softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H=H, KV_H=KV_H,
                        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
                        DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE,
-                       QUERIES_EVEN=QUERIES_EVEN, DS=DS, EDGES=EDGES)
+                       QUERIES_EVEN=QUERIES_EVEN, DS=DS, EDGES=EDGES, DS_BAND=DS_BAND)
 
 
 @triton.jit
-def _dkdv_descriptors(Q, K, V, dOut, dS, last, seq_q, seq_k, H: tl.constexpr, KV_H: tl.constexpr,
-                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DS: tl.constexpr):
+def _dkdv_descriptors(Q, K, V, dOut, dS, last, seq_q, seq_k, lo_off, hi_off, H: tl.constexpr, KV_H: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DS: tl.constexpr,
+                      DS_BAND: tl.constexpr):
     """The TMA dK/dV loop's descriptors (k, v, q, do, ds, ds_rows) of batch elements up to `last`:
     a program's own element, or the whole batch for a persistent one. ds (ds_tiles) only where DS."""
     k_desc = element_tiles(K, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
@@ -308,7 +316,7 @@ def _dkdv_descriptors(Q, K, V, dOut, dS, last, seq_q, seq_k, H: tl.constexpr, KV
     ds_desc = dS
     ds_rows = 0
     if DS:
-        ds_desc, ds_rows = ds_tiles(dS, last, seq_q, seq_k, H, BLOCK_N, BLOCK_N, BLOCK_M)
+        ds_desc, ds_rows = ds_tiles(dS, last, seq_q, seq_k, lo_off, hi_off, H, BLOCK_N, BLOCK_N, BLOCK_M, DS_BAND)
     return k_desc, v_desc, q_desc, do_desc, ds_desc, ds_rows
 
 
@@ -318,7 +326,7 @@ def _dkdv_tma_tile(start_n, bh, descriptors, Lse, Delta, Slopes, Seeds, QueryRan
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
                    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr,
                    WARP_SPECIALIZE: tl.constexpr,
-                   QUERIES_EVEN: tl.constexpr, DS: tl.constexpr, EDGES: tl.constexpr):
+                   QUERIES_EVEN: tl.constexpr, DS: tl.constexpr, EDGES: tl.constexpr, DS_BAND: tl.constexpr):
     """dK and dV of key block start_n of (batch * KV_H) row bh, tiles through descriptors (_dkdv_descriptors);
     EDGES == 1: of the query blocks that see the whole key block only (attn_bwd_dkdv)."""
     k_desc, v_desc, q_desc, do_desc, ds_desc, ds_rows = descriptors
@@ -344,7 +352,7 @@ def _dkdv_tma_tile(start_n, bh, descriptors, Lse, Delta, Slopes, Seeds, QueryRan
                        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                        MASKED=(BANDED or not QUERIES_EVEN) and EDGES != 1, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
                        DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE,
-                       STORE_DS=DS)
+                       STORE_DS=DS, DS_BAND=DS_BAND)
     kv_base = head_start(b, h_kv, seq_k, KV_H, HEAD_DIM)
     store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, KV_H * HEAD_DIM, seq_k, HEAD_DIM, False)
     store_tile(dV + kv_base, dv, offs_n, offs_d, KV_H * HEAD_DIM, seq_k, HEAD_DIM, False)
@@ -359,7 +367,8 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                   DROP_THRESHOLD: tl.constexpr, SPLIT: tl.constexpr, POSITIONS: tl.constexpr,
                   TMA: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
                   QUERIES_EVEN: tl.constexpr = False, DS: tl.constexpr = False, PERSISTENT: tl.constexpr = False,
-                  EDGES: tl.constexpr = 0, GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS):
+                  EDGES: tl.constexpr = 0, GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS,
+                  DS_BAND: tl.constexpr = False):
     """Arguments as attn_fwd's; QueryRanges (batch, key blocks, 2): the queries that can share a segment
     id with each key block. One program per (key block, batch * KV_H[, dV or dK where SPLIT]), or with
     PERSISTENT (TMA rows, whole blocks: jax_flash_amd/_launch.py _dkdv) a grid of (programs, 1, 1), each
@@ -367,7 +376,8 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
     TMA (Hopper config rows; which calls take them: jax_flash_amd/_launch.py _takes_tma): tiles through
     TMA descriptors, WARP_SPECIALIZE splitting the query loop into producer and consumer warps;
     QUERIES_EVEN says every query and key block is whole (the loop then runs unmasked without a band).
-    dS: the dS path's workspace (ds_tiles), written where DS (sm90 rows), else a placeholder.
+    dS: the dS path's workspace (ds_tiles; DS_BAND: its banded layout), written where DS (sm90 rows), else a
+    placeholder.
     EDGES (as attn_fwd's; which calls: jax_flash_amd/_launch.py edges_apart): 1 (the TMA loop) only the query
     blocks that see every key of the block, unmasked, dK and dV then float32 partial sums; 2 (pointer loads)
     only the masked ones at the band's edges, added to those (DKPart, DVPart; placeholders otherwise); on the
@@ -383,14 +393,14 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                           HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
                           ALIBI=ALIBI, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS,
                           WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS, PERSISTENT=PERSISTENT,
-                          EDGES=EDGES, GROUP_PROGRAMS=GROUP_PROGRAMS)
+                          EDGES=EDGES, GROUP_PROGRAMS=GROUP_PROGRAMS, DS_BAND=DS_BAND)
     elif not SPLIT:  # dS^T (DS) to this launch's workspace, or on the edge launch (EDGES == 2) to the first's
         _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
                       DSPart if EDGES == 2 else dS, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK,
                       dV, DK=True, DV=True, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
                       BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
                       DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, EDGES=EDGES, DS=DS,
-                      GROUP_PROGRAMS=GROUP_PROGRAMS)
+                      GROUP_PROGRAMS=GROUP_PROGRAMS, DS_BAND=DS_BAND)
     elif tl.program_id(2) == 0:
         _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
                       DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=False, DV=True, H=H, KV_H=KV_H,
@@ -510,29 +520,50 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, d
 
 
 @triton.jit
-def ds_tiles(dS, b, seq_q, seq_k, H: tl.constexpr, DS_BLOCK_N: tl.constexpr, BLOCK_KEYS: tl.constexpr,
-             BLOCK_QUERIES: tl.constexpr):
+def ds_tiles(dS, b, seq_q, seq_k, lo_off, hi_off, H: tl.constexpr, DS_BLOCK_N: tl.constexpr,
+             BLOCK_KEYS: tl.constexpr, BLOCK_QUERIES: tl.constexpr, DS_BAND: tl.constexpr):
     """(descriptor, rows per head) of the dS path's workspace: dS^T of every (batch, head) as
     (batch * H * rows, cols) 16-bit, rows = seq_k rounded up to the dK/dV row's BLOCK_N (DS_BLOCK_N: each
     key block's tiles whole), cols = seq_q rounded up to 8 (16-byte aligned rows); key j, query i of
-    (b, h) at ((b * H + h) * rows + j, i). [BLOCK_KEYS, BLOCK_QUERIES] tiles, bounded at batch element
-    b's end. Only tiles of the blocks dK/dV visits are written: readers mask the others (attn_bwd_dq_ds)."""
+    (b, h) at ((b * H + h) * rows + j, ds_col(i, j)). [BLOCK_KEYS, BLOCK_QUERIES] tiles, bounded at batch
+    element b's end. Only tiles of the blocks dK/dV visits are written: readers mask the others
+    (attn_bwd_dq_ds). DS_BAND (a band bounded on both sides, narrower than the sequence: jax_flash_amd/_launch.py
+    ds_workspace computes the same): a row holds only the queries its keys' group can see (ds_col), cols =
+    DS_BAND_BLOCK - 1 + the band's width + DS_BAND_BLOCK - 1, rounded up to 8, so the workspace grows with the
+    band's width, not with seq_q (tiles past cols are cut off: their queries see none of the row's keys)."""
     rows = tl.cdiv(seq_k, DS_BLOCK_N) * DS_BLOCK_N
-    cols = tl.cdiv(seq_q, 8) * 8
+    if DS_BAND:
+        cols = tl.cdiv(2 * DS_BAND_BLOCK - 1 + hi_off - lo_off, 8) * 8
+    else:
+        cols = tl.cdiv(seq_q, 8) * 8
     desc = tl.make_tensor_descriptor(dS, shape=[(b + 1) * H * rows, cols], strides=[cols, 1],
                                      block_shape=[BLOCK_KEYS, BLOCK_QUERIES])
     return desc, rows
 
 
 @triton.jit
+def ds_col(start_m, start_n, hi_off, DS_BAND: tl.constexpr):
+    """The workspace column (ds_tiles) of query block start_m in the row of key start_n: start_m, or with DS_BAND
+    counted from the first DS_BAND_BLOCK-aligned query block that can see the DS_BAND_BLOCK keys around start_n
+    (query i sees key j only if i >= j - hi_off; hi_off as masking.place gives it). Every tile a kernel visits
+    (blocks of at most DS_BAND_BLOCK queries and keys, aligned to their size) lies in one group of keys and
+    starts at or right of that column (jax_flash_amd/_launch.py checks the rows' blocks)."""
+    if DS_BAND:
+        group = start_n // DS_BAND_BLOCK * DS_BAND_BLOCK
+        start_m = start_m - tl.maximum(group - hi_off, 0) // DS_BAND_BLOCK * DS_BAND_BLOCK
+    return start_m
+
+
+@triton.jit
 def _dq_ds_inner(dq, ds_desc, k_desc, ds_row, kv_row, kv_col, lo, hi, lo2, hi2, start_m, seq_q, seq_k, lo_off,
-                 hi_off, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr):
+                 hi_off, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
+                 DS_BAND: tl.constexpr):
     """Key blocks of [lo, hi) then [lo2, hi2): dq += dS K, the invisible pairs selected away where MASKED
     (their tiles may never have been written)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
         start_n = span_block(i, lo, hi, lo2, BLOCK_N)
-        ds_t = ds_desc.load([ds_row + start_n, start_m])  # [BN, BM]
+        ds_t = ds_desc.load([ds_row + start_n, ds_col(start_m, start_n, hi_off, DS_BAND)])  # [BN, BM]
         if MASKED:
             offs_n = start_n + tl.arange(0, BLOCK_N)
             ds_t = tl.where(visible(offs_m[None, :], offs_n[:, None], seq_q, seq_k, lo_off, hi_off, 0, 0, BANDED,
@@ -546,7 +577,7 @@ def _dq_ds_inner(dq, ds_desc, k_desc, ds_row, kv_row, kv_col, lo, hi, lo2, hi2, 
 def attn_bwd_dq_ds(K, Positions, dS, sm_scale, seq_q, seq_k, lo_off, hi_off, dQ, H: tl.constexpr,
                    KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BANDED: tl.constexpr, POSITIONS: tl.constexpr, DS_BLOCK_N: tl.constexpr,
-                   GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS):
+                   GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS, DS_BAND: tl.constexpr = False):
     """dQ = scale dS K from the dS path's workspace dS (ds_tiles; DS_BLOCK_N: the dK/dV row's BLOCK_N):
     one product per tile where attn_bwd_dq computes three. The key blocks of masking.key_blocks, the
     band's edges masked. 16-bit, power-of-two heads (TMA descriptors). GROUP_PROGRAMS: as attn_bwd_dq's."""
@@ -555,7 +586,7 @@ def attn_bwd_dq_ds(K, Positions, dS, sm_scale, seq_q, seq_k, lo_off, hi_off, dQ,
     b = bh // H
     h = bh % H
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
-    ds_desc, ds_rows = ds_tiles(dS, b, seq_q, seq_k, H, DS_BLOCK_N, BLOCK_N, BLOCK_M)
+    ds_desc, ds_rows = ds_tiles(dS, b, seq_q, seq_k, lo_off, hi_off, H, DS_BLOCK_N, BLOCK_N, BLOCK_M, DS_BAND)
     k_desc = element_tiles(K, b, seq_k, STRIDE_KV, BLOCK_N, HEAD_DIM)
     lo_off, hi_off, diag, pos_q, pos_k = place(Positions, b, seq_q, seq_k, lo_off, hi_off, POSITIONS)
     start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, 0, b, BLOCK_M, BLOCK_N,
@@ -565,10 +596,11 @@ def attn_bwd_dq_ds(K, Positions, dS, sm_scale, seq_q, seq_k, lo_off, hi_off, dQ,
     kv_row = b * seq_k
     kv_col = (h // (H // KV_H)) * HEAD_DIM
     dq = _dq_ds_inner(dq, ds_desc, k_desc, ds_row, kv_row, kv_col, start, full_start, full_end, end, start_m, seq_q,
-                      seq_k, lo_off, hi_off, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=True)
+                      seq_k, lo_off, hi_off, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=True,
+                      DS_BAND=DS_BAND)
     dq = _dq_ds_inner(dq, ds_desc, k_desc, ds_row, kv_row, kv_col, full_start, full_end, full_end, full_end,
                       start_m, seq_q, seq_k, lo_off, hi_off, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                      MASKED=False)
+                      MASKED=False, DS_BAND=DS_BAND)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     store_tile(dQ + head_start(b, h, seq_q, H, HEAD_DIM), dq * sm_scale, offs_m, tl.arange(0, HEAD_DIM),
                H * HEAD_DIM, seq_q, HEAD_DIM, False)

@@ -295,6 +295,17 @@ _SM90_DQ_DS = dict(max_block_d=128, max_itemsize=2, BLOCK_M=128, BLOCK_N=128, nu
 # the most memory the dS path's workspace (16-bit dS of seq_q x seq_k per head) may take per launch; a call
 # needing more runs by groups of heads, or, where one head's does not fit, takes the seven-product path
 DS_WORKSPACE_BYTES = 2 << 30
+# A band bounded on both sides (a window) lays the workspace out banded (kernels/bwd.py ds_tiles, ds_col): a key's
+# row holds the queries from the first block of this many that can see its group of this many keys, so every dS-path
+# row's blocks must be at most this (powers of two: they divide it; _launch._backward_ds checks)
+DS_BAND_BLOCK = 128
+# the dS path's dQ for narrow windows (short key spans: 9 blocks of 128 keys at (1024, 0)); whole backward, H200,
+# bf16, window (1024, 0), D 128, 16 heads, ms, 1 x 16384 / 4 x 4096 (benchmarks/hopper_rows_sweep.py windowds): seven
+# products ("dkdv+window", what windows took before) 1.277 / 1.191; dS path with _SM90_DQ_DS 1.246 / 1.154 (whole
+# rows then, one launch), with this row 1.192 / 1.082, 64 x 128 x 4 x 3 1.333 / 1.233. Shipped, banded, against seven
+# products (windowbanded): (1024, 0) 1.167 / 1.075 against 1.264 / 1.171; (256, 256), 1 x 16384, 0.779 against 0.846;
+# a wide window, (4096, 0) at 1 x 16384 (plain rows, dQ 128 x 128), 3.62 against 3.52 (whole rows by 4 heads before)
+_SM90_DQ_DS_WINDOW = dict(_SM90_DQ_DS, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
 
 
 def _sm90(rows, *tma_rows):
@@ -320,14 +331,15 @@ _SM90_TARGET = {**_CUDA_TARGET, "fwd": _sm90(_CUDA["fwd"], _SM90_FWD_TMA, _SM90_
                 # 0.361, 2 x 8192 0.394 / 0.392 / 0.347, 4 x 4096 0.368 / 0.375 / 0.317: the TMA row where it
                 # runs persistent (its short key ranges: at any length, _launch.persistent_programs)
                 "fwd+window": _sm90(_CUDA_TARGET["fwd+window"], dict(_SM90_FWD_TMA, persistent_only=True)),
-                "dkdv+window": _sm90(_CUDA_TARGET["dkdv+window"], _SM90_DKDV_TMA),  # seven products
-                # (_launch.ds_heads: no dS path for narrow windows)
+                # on the dS path, its workspace banded (DS_BAND_BLOCK)
+                "dkdv+window": _sm90(_CUDA_TARGET["dkdv+window"], _SM90_DKDV_TMA),
                 # dropout: the D 128 TMA row only (kernels/dropout.py's hash); D 64's persistent TMA row was slower
                 # with it (H200, bf16, p 0.1, forward ms, pointer row / TMA row: 16 x 1024 x 32 0.642 / 0.666, causal
                 # 0.395 / 0.534; 4 x 4096 x 32 2.403 / 2.487; hopper_rows_sweep.py dropoutfwd64)
                 "fwd+dropout": _sm90(_CUDA["fwd"], _SM90_FWD_TMA),
                 "dkdv+dropout": _sm90(_CUDA_TARGET["dkdv+dropout"], _SM90_DKDV_DROPOUT, _SM90_DKDV_TMA),
                 "dqds": [_SM90_DQ_DS],
+                "dqds+window": [_SM90_DQ_DS_WINDOW],
                 "dq+window": _sm90(_CUDA_TARGET["dq+window"], _SM90_DQ_TMA)}
 
 

@@ -190,7 +190,8 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     if path.endswith("by-heads"):  # room for one key/value head's workspace: a launch per head
         if c["h_kv"] == 1:
             pytest.skip("one key/value head")
-        _one_kv_head_per_launch(monkeypatch, b, h // c["h_kv"], c["sq"], c["sk"], DS_INTERPRET_ROWS["dkdv"]["BLOCK_N"])
+        _one_kv_head_per_launch(monkeypatch, b, h // c["h_kv"], c["sq"], c["sk"], DS_INTERPRET_ROWS["dkdv"]["BLOCK_N"],
+                                Band.of(c["causal"], c["window"], c["sq"], c["sk"]))
     q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), dtype, seed=7)
     slopes = jnp.asarray([[0.3, 0.1, 0.05, 0.2][:h]] * b, jnp.float32) if c["alibi"] else None
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]), softcap=c["softcap"])
@@ -219,10 +220,95 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     assert_close(dict(out=out, lse=lse2 * np.log(2), dq=dq, dk=dk, dv=dv), ref, base, dtype)
 
 
-def _one_kv_head_per_launch(monkeypatch, b, group, sq, sk, block_n):
+def _one_kv_head_per_launch(monkeypatch, b, group, sq, sk, block_n, band):
     """The dS path's workspace budget set to one key/value head's (group query heads): a launch per head."""
-    ws_rows, ws_cols = _launch.ds_workspace(b, group, sq, sk, block_n)
+    ws_rows, ws_cols = _launch.ds_workspace(b, group, sq, sk, block_n, band)
     monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", ws_rows * ws_cols * 2)
+
+
+# a window's dS workspace banded (_launch._ds_banded: a key's row holds the queries from the first 128-aligned block
+# that sees its group of 128 keys, kernels/bwd.py ds_col), so these calls are longer than the band's 255 + width
+# columns: windows either side, cross lengths (the band moved by seq_k - seq_q), grouped heads, a block of a larger
+# call (Operands.positions shifts the band per batch element), and the edge launch storing dS too
+BANDED_CASES = {"window": dict(sq=300, sk=300, window=(20, 7)), "cross": dict(sq=300, sk=347, window=(30, 0)),
+                "gqa": dict(sq=300, sk=300, window=(12, 12), h_kv=1),
+                "left-only-edges": dict(sq=300, sk=300, window=(9, 0)),
+                "block": dict(sq=320, sk=320, window=(40, 3), positions=(64, 32, 24))}
+
+
+@pytest.mark.parametrize("case", list(BANDED_CASES))
+@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
+def test_banded_ds_workspace_in_the_interpreter(case, monkeypatch):
+    """The dS path with the banded workspace equals float64 attention (the interpreter NaN-poisons what no kernel
+    writes, so a tile dQ reads that dK/dV did not write, or wrote elsewhere, shows)."""
+    from jax_flash_amd import _interpret
+    _interpret.check_available()
+    c = {**dict(h=2, h_kv=2, positions=None), **BANDED_CASES[case]}
+    sq, sk, h = c["sq"], c["sk"], c["h"]
+    _edges_apart(monkeypatch, 1 if "edges" in case else 1 << 30)
+    monkeypatch.setattr(configs, "NARROW_WINDOW", 0)  # the interpreter's "+window" rows have no DS
+    q, k, v, dout, dlse = inputs((1, sq, h, 32), (1, sk, c["h_kv"], 32), jnp.float16, seed=11)
+    if c["positions"]:  # the larger call: queries from 64, keys from 32, its length 24 keys longer than its queries
+        q0, k0, diff = c["positions"]
+        band = Band.of(False, c["window"], q0 + sq + 40, q0 + sq + 40 + diff)
+        extras = Operands(positions=jnp.array([[q0, k0, diff]], jnp.int32))
+    else:
+        band, extras = Band.of(False, c["window"], sq, sk), Operands()
+    statics = _launch.Statics(32 ** -0.5, band)
+    launches = []
+
+    def run(launch):
+        launches.append(launch)
+        return _interpret.run(launch)
+
+    out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics)
+    dq, dk, dv = _launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics,
+                                  rows=DS_INTERPRET_ROWS)
+    ds = [x for x in launches if x.kernel.__name__ in ("attn_bwd_dkdv", "attn_bwd_dq_ds")]
+    assert [x.kernel.__name__ for x in ds] == (["attn_bwd_dkdv"] * (1 + ("edges" in case)) + ["attn_bwd_dq_ds"])
+    assert all(x.constexprs.get("DS_BAND") for x in ds), [x.constexprs for x in ds]
+    cols = ds[0].out_shapes[2].shape[1]
+    assert cols == -(-(255 + sum(c["window"])) // 8) * 8 < sq, ds[0].out_shapes
+    if c["positions"]:  # against the pointer kernels (tests/test_positions.py checks those against the larger call)
+        want = _launch.backward(_interpret.run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics)
+        for name, g, w in zip(("dq", "dk", "dv"), (dq, dk, dv), want):
+            np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64), atol=2e-3, err_msg=name)
+        return
+    ref = oracle.attention(q, k, v, dout, dlse, window=c["window"])
+    base = run_impl("xla", q, k, v, dout, dlse, window_size=c["window"])
+    assert_close(dict(out=out, lse=lse2 * np.log(2), dq=dq, dk=dk, dv=dv), ref, base, jnp.float16)
+
+
+@pytest.mark.parametrize("case", ["window", "two-sided", "cross", "gqa-alibi", "whole"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_banded_ds_workspace(case):
+    """The shipped rows on the banded dS path (windows: test_banded_ds_workspace_in_the_interpreter) against
+    float64, at lengths past the band's 255 + width columns: ragged and whole blocks, cross lengths, grouped heads."""
+    c = {**dict(sq=1000, sk=1000, window=(300, 0), h_kv=4, alibi=False),
+         **{"two-sided": dict(window=(100, 37)), "cross": dict(sq=900, sk=1100, window=(200, 0)),
+            "gqa-alibi": dict(h_kv=2, alibi=True), "whole": dict(sq=1024, sk=1024, window=(128, 128))}.get(case, {})}
+    b, h, d = 2, 4, 128
+    q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), jnp.bfloat16, seed=21)
+    slopes = jax.random.uniform(jax.random.key(2), (b, h), jnp.float32, 0.01, 0.5) if c["alibi"] else None
+    statics = _launch.Statics(d ** -0.5, Band.of(False, c["window"], c["sq"], c["sk"]))
+    target = _triton.target()
+    launches = []
+
+    def run(launch):
+        launches.append((launch.kernel.__name__, launch.constexprs.get("DS_BAND")))
+        return _triton.run(launch)
+
+    def fwd_bwd(q, k, v, dout, dlse, e):
+        out, lse2 = _launch.forward(run, target, q, k, v, e, statics=statics)
+        grads = _launch.backward(run, target, q, k, v, out, lse2, dout, dlse, e, statics=statics)
+        return dict(out=out, lse=lse2 * np.log(2), **dict(zip(("dq", "dk", "dv"), grads)))
+
+    got = jax.jit(fwd_bwd)(q, k, v, dout, dlse, Operands(slopes=slopes))
+    assert {("attn_bwd_dkdv", True), ("attn_bwd_dq_ds", True)} <= set(launches), launches
+    ref = oracle.attention(q, k, v, dout, dlse, window=c["window"], alibi=slopes)
+    base = run_impl("xla", q, k, v, dout, dlse, window_size=c["window"], alibi_slopes=slopes)
+    assert_close(got, ref, base, jnp.bfloat16)
 
 
 # dropout on the dS path (sm90's dropout rows: the TMA row, or for calls that cannot take it the pointer row, dS^T
@@ -285,7 +371,7 @@ def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, monkeyp
     if c["by_heads"]:  # room for one key/value head's workspace (of the dK/dV row the call takes): a launch per head
         takes = _launch._dkdv_takes_tma(q, statics, Operands(seeds=seeds))
         block_n = pick_config(target, "dkdv", d, dtype, rows, "dropout", tma=takes)[0]["BLOCK_N"]
-        _one_kv_head_per_launch(monkeypatch, b, h // c["h_kv"], sq, sk, block_n)
+        _one_kv_head_per_launch(monkeypatch, b, h // c["h_kv"], sq, sk, block_n, Band.of(c["causal"], window, sq, sk))
     launched = []
 
     tma_runs = set()
@@ -351,8 +437,10 @@ def test_dropout_at_d64(causal):
     ((1, 16384, 16), 16, 128, jnp.bfloat16, True, (-1, -1), 0.0, 4),  # 512 MiB per head: 4 heads a launch
     ((4, 4096, 32), 8, 128, jnp.float16, True, (-1, -1), 0.0, 4),  # GQA: 4 query heads per key/value head
     ((1, 131072, 16), 16, 128, jnp.bfloat16, True, (-1, -1), 0.0, 0),  # 32 GiB for one head: seven products
-    ((1, 16384, 16), 16, 128, jnp.bfloat16, True, (4096, 0), 0.0, 4),  # a wide window
-    ((1, 16384, 16), 16, 128, jnp.bfloat16, True, (1024, 0), 0.0, 0),  # a narrow one
+    # windows: the workspace banded (16384 x 4352 and x 1280 per head, _launch._ds_banded)
+    ((1, 16384, 16), 16, 128, jnp.bfloat16, True, (4096, 0), 0.0, 8),  # a wide window
+    ((1, 16384, 16), 16, 128, jnp.bfloat16, True, (1024, 0), 0.0, 16),  # a narrow one
+    ((1, 131072, 16), 16, 128, jnp.bfloat16, True, (1024, 0), 0.0, 4),  # banded: 336 MB per head
     ((4, 4096, 32), 32, 64, jnp.bfloat16, False, (-1, -1), 0.0, 0),  # D 64 (its row spills with the store)
     ((4, 4096, 16), 16, 96, jnp.bfloat16, False, (-1, -1), 0.0, 0),  # padded head: no TMA
     ((4, 4096, 16), 16, 128, jnp.float32, False, (-1, -1), 0.0, 0),
