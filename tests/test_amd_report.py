@@ -14,11 +14,16 @@ import sys
 
 import pytest
 
-from jax_flash_amd import amd_report
+from jax_flash_amd import _jax_triton_compat, amd_report
 
 # Seconds one compile may take on one worker: ~5 s measured on an idle 2-core machine, ~10-17 s with
 # the cores shared; the margin keeps a slow CI machine from failing a run that is only slow.
 SECONDS_PER_KERNEL = 40
+# AMD runs need jax-triton 0.4.x, hence triton >= 3.7 (_jax_triton_compat.check_supported): the check's thresholds
+# are those of the AMD compilers users get. Triton 3.6 (the H200 image) lowers some loads differently (2026-12-03: 4 of
+# gfx942's 17 kernels with global loads in their loop, dK/dV with dropout among them), a compiler no AMD call runs.
+AMD_TRITON = pytest.mark.skipif(_jax_triton_compat.versions()["triton"] < (3, 7),
+                                reason="the AMD check is for triton >= 3.7 (what jax-triton 0.4.x needs)")
 
 
 def _check(arch, head_dims, dtypes):
@@ -158,6 +163,7 @@ def test_buffer_loads_where_offsets_fit_32_bits():
         assert loads[f"{kind}_loads"] >= 2 and loads[f"{other}_loads"] == 0, (seq, loads)
 
 
+@AMD_TRITON
 def test_one_arch_passes_the_check():
     """MI300 at D 128 bf16: forward, dQ, dK/dV (full, causal, dropout), the fp8 forward and the KV-cache
     kernels (decode, paged, chunked prefill, float8 cache, combine, append): 17 kernels."""
@@ -181,6 +187,7 @@ def test_one_arch_passes_the_check():
 
 
 @pytest.mark.amd_sweep
+@AMD_TRITON
 def test_default_configs_pass_on_every_amd_arch():
     table = _check(",".join(amd_report.AMD_ARCHS), "64,128,256", "float16,bfloat16")
     for arch in amd_report.AMD_ARCHS:

@@ -25,9 +25,11 @@ def test_every_version_passes_every_option():
 
 @pytest.mark.parametrize("jt,own,compiled_warps", [((0, 3, 1), True, True), ((0, 4, 1), False, False),
                                                    (None, False, True)])
-def test_which_factory(jt, own, compiled_warps):
-    assert compat.uses_own_factory(jt) == own
-    assert compat.launches_compiled_warps(jt) == compiled_warps
+def test_which_factory(jt, own, compiled_warps, monkeypatch):
+    """By the installed version (None: not installed; monkeypatched, so the same on any machine)."""
+    _versions(monkeypatch, jt)
+    assert compat.uses_own_factory() == own
+    assert compat.launches_compiled_warps() == compiled_warps
 
 
 def test_kernel_factory_tells_jaxlib_warps_scratch_and_pointer_range():
