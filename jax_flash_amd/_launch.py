@@ -399,21 +399,21 @@ def _dkdv(run: Run, target: str, q, k, v, dout, lse2, delta, extras: Operands, s
 def ds_workspace(batch: int, heads: int, sq: int, sk: int, block_n: int, band: rules.Band) -> tuple[int, int]:
     """(rows, cols) of the dS path's 16-bit workspace for `heads` query heads, as kernels/bwd.py ds_tiles
     lays it out: seq_k rounded up to the dK/dV row's block_n per (batch, head); seq_q rounded up to 8, or
-    where the layout is banded (_ds_band) the columns a row's band needs."""
+    where the layout is banded (_ds_banded) the columns a row's band needs."""
     rows = batch * heads * _cdiv(sk, block_n) * block_n
     return rows, (_ds_band_cols(band) if _ds_banded(band, sq) else _cdiv(sq, 8) * 8)
 
 
 def _ds_band_cols(band: rules.Band) -> int:
     """A banded workspace's columns (kernels/bwd.py ds_tiles with DS_BAND)."""
-    return _cdiv(2 * configs.DS_BAND_BLOCK - 1 + band.left + band.right, 8) * 8
+    return _cdiv(2 * bwd.DS_BAND_BLOCK.value - 1 + band.left + band.right, 8) * 8  # the kernels' value
 
 
 def _ds_banded(band: rules.Band, sq: int) -> bool:
     """Whether the dS path's workspace takes the banded layout (kernels/bwd.py ds_tiles, DS_BAND): a band
     bounded on both sides whose banded rows (_ds_band_cols) are narrower than seq_q's, so that a window's
-    workspace grows with its width, not with seq_q (window (1024, 0), 1 x 16384 x 16 heads: 42 MB per head
-    where whole rows take 512 MB)."""
+    workspace grows with its width, not with seq_q (window (1024, 0), 1 x 16384 x 16 heads: 40 MiB per head
+    where whole rows take 512 MiB)."""
     return band.left >= 0 and band.right >= 0 and _ds_band_cols(band) < _cdiv(sq, 8) * 8
 
 
@@ -435,9 +435,13 @@ def _ds_heads(q, k, statics: Statics, extras: Operands, dkdv_blocks: dict) -> in
     row through pointer loads; the path's H200 measurements in configs.py), for what attn_bwd_dq_ds reads
     (its TMA descriptors: _whole_16bit_tiles), not with segment ids (dK/dV skips the blocks outside a
     segment's range, whose workspace tiles dQ would then read unwritten). A window's workspace is banded
-    (_ds_banded), so windows take the path at lengths whose whole rows would not fit."""
+    (_ds_banded), so windows take the path at lengths whose whole rows would not fit; not with a dK/dV row of
+    blocks over its 128-position groups (kernels/bwd.py ds_col)."""
     if (not dkdv_blocks.get("DS") or dkdv_blocks["SPLIT"] or not _whole_16bit_tiles(q)
             or extras.q_segment_ids is not None):
+        return 0
+    if (_ds_banded(statics.band, q.shape[1])
+            and max(dkdv_blocks["BLOCK_M"], dkdv_blocks["BLOCK_N"]) > bwd.DS_BAND_BLOCK.value):
         return 0
     b, sq, h, _ = q.shape
     sk, h_kv = k.shape[1], k.shape[2]
@@ -475,13 +479,12 @@ def _backward_ds(run, target, q, k, v, lse2, delta, dout, extras, statics, rows,
     """The dS path (kernels/bwd.py): dK/dV also writes dS^T, attn_bwd_dq_ds reads it for dQ."""
     b, sq, h, d = q.shape
     scalars, constexprs = _common(q, k, statics)
-    dk, dv, ds = _dkdv(run, target, q, k, v, dout, lse2, delta, extras, statics, dkdv, ds=True)
     dq_blocks, dq_options = pick_config(target, "dqds", d, q.dtype, rows, _kind(q, k, statics))
     band = _ds_band(statics.band, sq, True)
-    blocks = (dkdv[0]["BLOCK_M"], dkdv[0]["BLOCK_N"], dq_blocks["BLOCK_M"], dq_blocks["BLOCK_N"])
-    if band and max(blocks) > configs.DS_BAND_BLOCK:
-        raise ValueError(f"dS-path rows with blocks over configs.DS_BAND_BLOCK ({configs.DS_BAND_BLOCK}) cannot "
-                         f"share a banded workspace (kernels/bwd.py ds_col): dK/dV {dkdv[0]}, dQ {dq_blocks}")
+    if band and max(dq_blocks["BLOCK_M"], dq_blocks["BLOCK_N"]) > bwd.DS_BAND_BLOCK.value:
+        raise ValueError(f"a dQ row with blocks over configs.DS_BAND_BLOCK ({bwd.DS_BAND_BLOCK.value}) cannot read "
+                         f"a banded dS workspace (kernels/bwd.py ds_col): {dq_blocks}")
+    dk, dv, ds = _dkdv(run, target, q, k, v, dout, lse2, delta, extras, statics, dkdv, ds=True)
     (dq,) = run(_launch(
         bwd.attn_bwd_dq_ds, grid=(_cdiv(sq, dq_blocks["BLOCK_M"]), b * h),
         inputs=dict(K=k, dS=ds, **{n: scalars[n] for n in ("sm_scale", "seq_q", "seq_k", "lo_off", "hi_off")}),

@@ -525,10 +525,10 @@ def ds_tiles(dS, b, seq_q, seq_k, lo_off, hi_off, H: tl.constexpr, DS_BLOCK_N: t
     """(descriptor, rows per head) of the dS path's workspace: dS^T of every (batch, head) as
     (batch * H * rows, cols) 16-bit, rows = seq_k rounded up to the dK/dV row's BLOCK_N (DS_BLOCK_N: each
     key block's tiles whole), cols = seq_q rounded up to 8 (16-byte aligned rows); key j, query i of
-    (b, h) at ((b * H + h) * rows + j, ds_col(i, j)). [BLOCK_KEYS, BLOCK_QUERIES] tiles, bounded at batch
-    element b's end. Only tiles of the blocks dK/dV visits are written: readers mask the others
-    (attn_bwd_dq_ds). DS_BAND (a band bounded on both sides, narrower than the sequence: jax_flash_amd/_launch.py
-    ds_workspace computes the same): a row holds only the queries its keys' group can see (ds_col), cols =
+    (b, h) at row (b * H + h) * rows + j, column ds_col(i, ...) (i itself unless DS_BAND). [BLOCK_KEYS,
+    BLOCK_QUERIES] tiles, bounded at batch element b's end. Only tiles that dK/dV visits are written: readers mask
+    the others (attn_bwd_dq_ds). DS_BAND (a band bounded on both sides, narrower than the sequence; _launch.py
+    ds_workspace computes the same): a row holds only the queries its key group can see (ds_col), cols =
     DS_BAND_BLOCK - 1 + the band's width + DS_BAND_BLOCK - 1, rounded up to 8, so the workspace grows with the
     band's width, not with seq_q (tiles past cols are cut off: their queries see none of the row's keys)."""
     rows = tl.cdiv(seq_k, DS_BLOCK_N) * DS_BLOCK_N
@@ -544,7 +544,7 @@ def ds_tiles(dS, b, seq_q, seq_k, lo_off, hi_off, H: tl.constexpr, DS_BLOCK_N: t
 @triton.jit
 def ds_col(start_m, start_n, hi_off, DS_BAND: tl.constexpr):
     """The workspace column (ds_tiles) of query block start_m in the row of key start_n: start_m, or with DS_BAND
-    counted from the first DS_BAND_BLOCK-aligned query block that can see the DS_BAND_BLOCK keys around start_n
+    counted from the first DS_BAND_BLOCK-aligned query block that can see start_n's aligned group of DS_BAND_BLOCK keys
     (query i sees key j only if i >= j - hi_off; hi_off as masking.place gives it). Every tile a kernel visits
     (blocks of at most DS_BAND_BLOCK queries and keys, aligned to their size) lies in one group of keys and
     starts at or right of that column (jax_flash_amd/_launch.py checks the rows' blocks)."""

@@ -292,12 +292,14 @@ _SM90_DKDV_DROPOUT = dict(next(r for r in _CUDA_TARGET["dkdv+dropout"] if r["max
 
 # the dS path's dQ (attn_bwd_dq_ds: a product from memory, 16-bit, power-of-two heads up to 128); its tiles: CANDIDATES
 _SM90_DQ_DS = dict(max_block_d=128, max_itemsize=2, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
-# the most memory the dS path's workspace (16-bit dS of seq_q x seq_k per head) may take per launch; a call
+# the most memory the dS path's workspace (16-bit dS of seq_k x seq_q per head, or of seq_k x the band for windows:
+# DS_BAND_BLOCK) may take per launch; a call
 # needing more runs by groups of heads, or, where one head's does not fit, takes the seven-product path
 DS_WORKSPACE_BYTES = 2 << 30
 # A band bounded on both sides (a window) lays the workspace out banded (kernels/bwd.py ds_tiles, ds_col): a key's
 # row holds the queries from the first block of this many that can see its group of this many keys, so every dS-path
-# row's blocks must be at most this (powers of two: they divide it; _launch._backward_ds checks)
+# row's blocks must be at most this (powers of two: they divide it; _launch._ds_heads and _backward_ds check).
+# kernels/bwd.py reads it once, at import
 DS_BAND_BLOCK = 128
 # the dS path's dQ for narrow windows (short key spans: 9 blocks of 128 keys at (1024, 0)); whole backward, H200,
 # bf16, window (1024, 0), D 128, 16 heads, ms, 1 x 16384 / 4 x 4096 (benchmarks/hopper_rows_sweep.py windowds): seven

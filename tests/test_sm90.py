@@ -101,7 +101,8 @@ def _check_row(kernel_row, dtype, causal, seq, variant, monkeypatch, edges=False
     if takes_ds:
         if variant == "softcap":
             pytest.skip("softcap takes dK/dV's pointer row: seven products")
-        monkeypatch.setattr(configs, "NARROW_WINDOW", 0)  # the window variant takes the dS path too
+        # narrow windows take the dS path anyway; not narrow, the window variant runs the plain dQ row (128 x 128)
+        monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
     d = row["max_block_d"]
     b, h = 2, 4
     h_kv = 2 if variant == "gqa" else h
@@ -233,7 +234,12 @@ def _one_kv_head_per_launch(monkeypatch, b, group, sq, sk, block_n, band):
 BANDED_CASES = {"window": dict(sq=300, sk=300, window=(20, 7)), "cross": dict(sq=300, sk=347, window=(30, 0)),
                 "gqa": dict(sq=300, sk=300, window=(12, 12), h_kv=1),
                 "left-only-edges": dict(sq=300, sk=300, window=(9, 0)),
-                "block": dict(sq=320, sk=320, window=(40, 3), positions=(64, 32, 24))}
+                "block": dict(sq=320, sk=320, window=(40, 3), positions=(64, 32, 24)),
+                # more queries than keys (hi_off < 0), and a block whose larger call has fewer keys than queries
+                "q-longer": dict(sq=340, sk=300, window=(30, 5)),
+                "block-short-keys": dict(sq=320, sk=300, window=(40, 3), positions=(16, 40, -24)),
+                # dQ on 128 x 128 tiles (sm90's plain dQ row, what wide windows take), over 32-key dK/dV blocks
+                "dq-128": dict(sq=300, sk=300, window=(20, 7), dqds=dict(BLOCK_M=128, BLOCK_N=128))}
 
 
 @pytest.mark.parametrize("case", list(BANDED_CASES))
@@ -261,9 +267,10 @@ def test_banded_ds_workspace_in_the_interpreter(case, monkeypatch):
         launches.append(launch)
         return _interpret.run(launch)
 
+    rows = {**DS_INTERPRET_ROWS, "dqds": dict(DS_INTERPRET_ROWS["dqds"], **c.get("dqds", {}))}
     out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics)
     dq, dk, dv = _launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics,
-                                  rows=DS_INTERPRET_ROWS)
+                                  rows=rows)
     ds = [x for x in launches if x.kernel.__name__ in ("attn_bwd_dkdv", "attn_bwd_dq_ds")]
     assert [x.kernel.__name__ for x in ds] == (["attn_bwd_dkdv"] * (1 + ("edges" in case)) + ["attn_bwd_dq_ds"])
     assert all(x.constexprs.get("DS_BAND") for x in ds), [x.constexprs for x in ds]
@@ -470,6 +477,24 @@ def test_which_backwards_take_the_ds_path(shape, kv_heads, d, dtype, causal, win
     ids = jnp.zeros((b, n), jnp.int32)
     extras = Operands(q_segment_ids=ids, kv_segment_ids=ids) if "segments" in variant else Operands()
     assert _launch.ds_heads("sm90", q, k, statics, extras) == int(variant[-1])
+
+
+def test_banded_ds_path_needs_blocks_within_its_groups():
+    """A banded workspace (_launch._ds_banded) takes dK/dV rows of blocks up to configs.DS_BAND_BLOCK; a row of
+    larger blocks runs seven products, a dQ row of larger blocks is refused by name (kernels/bwd.py ds_col)."""
+    q = jax.ShapeDtypeStruct((1, 16384, 16, 128), jnp.bfloat16)
+    statics = _launch.Statics(128 ** -0.5, Band.of(True, (1024, 0), 16384, 16384))
+    row = dict(DS=True, SPLIT=False, BLOCK_M=64, BLOCK_N=128)
+    assert _launch._ds_heads(q, q, statics, Operands(), row) == 16
+    assert _launch._ds_heads(q, q, statics, Operands(), dict(row, BLOCK_M=256)) == 0
+    causal = _launch.Statics(128 ** -0.5, Band.of(True, (-1, -1), 16384, 16384))  # whole rows: any blocks
+    assert _launch._ds_heads(q, q, causal, Operands(), dict(row, BLOCK_M=256)) == 4
+    x = jnp.zeros((1, 512, 1, 128), jnp.bfloat16)
+    small = _launch.Statics(128 ** -0.5, Band.of(True, (64, 0), 512, 512))
+    dq_row = dict(max_block_d=128, BLOCK_M=256, BLOCK_N=64, num_warps=4, num_stages=1)
+    with pytest.raises(ValueError, match="dQ row with blocks over"):
+        _launch._backward_ds(lambda launch: None, "sm90", x, x, x, jnp.zeros((1, 1, 512)), jnp.zeros((1, 1, 512)), x,
+                             Operands(), small, {"dqds": dq_row}, (row, {}))
 
 
 def test_operands_of_a_group_of_heads():
