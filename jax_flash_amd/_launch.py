@@ -417,6 +417,12 @@ def _ds_banded(band: rules.Band, sq: int) -> bool:
     return band.left >= 0 and band.right >= 0 and _ds_band_cols(band) < _cdiv(sq, 8) * 8
 
 
+def _within_band_groups(blocks: dict) -> bool:
+    """Whether a row's blocks fit the banded workspace's groups of configs.DS_BAND_BLOCK positions (kernels/bwd.py
+    ds_col: every tile in one group of keys, starting at or right of its column 0)."""
+    return max(blocks["BLOCK_M"], blocks["BLOCK_N"]) <= bwd.DS_BAND_BLOCK.value
+
+
 def _ds_band(band: rules.Band, sq: int, ds: bool) -> dict:
     """The DS_BAND constexpr of a dK/dV or dQ launch on the dS path (ds), where _ds_banded."""
     return {"DS_BAND": True} if ds and _ds_banded(band, sq) else {}
@@ -440,8 +446,7 @@ def _ds_heads(q, k, statics: Statics, extras: Operands, dkdv_blocks: dict) -> in
     if (not dkdv_blocks.get("DS") or dkdv_blocks["SPLIT"] or not _whole_16bit_tiles(q)
             or extras.q_segment_ids is not None):
         return 0
-    if (_ds_banded(statics.band, q.shape[1])
-            and max(dkdv_blocks["BLOCK_M"], dkdv_blocks["BLOCK_N"]) > bwd.DS_BAND_BLOCK.value):
+    if _ds_banded(statics.band, q.shape[1]) and not _within_band_groups(dkdv_blocks):
         return 0
     b, sq, h, _ = q.shape
     sk, h_kv = k.shape[1], k.shape[2]
@@ -481,7 +486,7 @@ def _backward_ds(run, target, q, k, v, lse2, delta, dout, extras, statics, rows,
     scalars, constexprs = _common(q, k, statics)
     dq_blocks, dq_options = pick_config(target, "dqds", d, q.dtype, rows, _kind(q, k, statics))
     band = _ds_band(statics.band, sq, True)
-    if band and max(dq_blocks["BLOCK_M"], dq_blocks["BLOCK_N"]) > bwd.DS_BAND_BLOCK.value:
+    if band and not _within_band_groups(dq_blocks):
         raise ValueError(f"a dQ row with blocks over configs.DS_BAND_BLOCK ({bwd.DS_BAND_BLOCK.value}) cannot read "
                          f"a banded dS workspace (kernels/bwd.py ds_col): {dq_blocks}")
     dk, dv, ds = _dkdv(run, target, q, k, v, dout, lse2, delta, extras, statics, dkdv, ds=True)
