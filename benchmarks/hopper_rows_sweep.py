@@ -6,7 +6,8 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
                                                                    # tail, ds, dkdvpersistent, dkdvpersistent2048, wsfallback,
                                                                    # d128seven, edges, bm256, dropoutds, dropoutfwd,
                                                                    # ds16k, dropouttma, dropoutwindow, dropoutfwd64,
-                                                                   # windowds, d64ws, windowbanded
+                                                                   # windowds, d64ws, windowbanded, gluon, gluon8k,
+                                                                   # gluonwindow
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -34,12 +35,29 @@ def _row(d, bm, bn, w, s, tma=True, ws=False, **extra):
 
 
 def _name(row):
+    if "BLOCK_M" not in row:  # the default rows under other module-level limits
+        return "default" + "".join(f",{k}={_limit(v)}" for k, v in row.get("_limits", {}).items())
     return (f"{row['BLOCK_M']}x{row['BLOCK_N']}w{row['num_warps']}s{row['num_stages']}"
             + ("tma" if row.get("TMA") else "") + ("ws" if row.get("WARP_SPECIALIZE") else "")
             + "".join(f",{k}={v}" for k, v in row.items() if k in ("KEYS_EVEN", "PERSISTENT", "DS"))
             + "".join(f",{k}:{_name(r)}" for k, r in row.get("_with", {}).items())
             + "".join(f",{k}={v}" for k, v in row.get("_limits", {}).items()))
 
+
+def _limit(value):
+    if isinstance(value, list):  # configs.SM90_GLUON_FWD's rows
+        return "[" + ";".join(f"d{r['head_dim']}s{r['STAGES']}r{r['CONSUMER_REGS']}n{r['BLOCK_N']}"
+                              f"m{r['min_seq_q']}" for r in value) + "]"
+    return value
+
+
+def _gluon(**change):
+    return dict(_limits=dict(SM90_GLUON_FWD=[dict(r, min_seq_q=0, **change) for r in configs.SM90_GLUON_FWD]))
+
+
+# the Gluon forward (kernels/fwd_sm90.py) against the Triton rows (SM90_GLUON_FWD empty), at every length
+GLUON = {"fwd": [dict(_limits=dict(SM90_GLUON_FWD=[])), _gluon(), _gluon(STAGES=2), _gluon(STAGES=3),
+                 _gluon(CONSUMER_REGS=232), _gluon(BLOCK_N=64, STAGES=3)]}
 
 D64 = {
     "fwd": [_row(64, 128, 64, 4, 2, ws=True), _row(64, 128, 128, 4, 2, ws=True)],
@@ -225,6 +243,11 @@ SETS = {
                      for b, w in ((1, (1024, 0)), (4, (1024, 0)), (1, (4096, 0)), (1, (256, 256)))],
     "windowds": [((b, 16384 // b, 16, 128), True, (1024, 0), WINDOW_DS) for b in (1, 4)],
     "dropoutwindow": [((1, 16384, 16, 128), True, (1024, 0), DROPOUT_WINDOW)],
+    "gluon": [((16384 // n, n, h, d), causal, (-1, -1), GLUON) for d, h in ((128, 16), (64, 32))
+              for n in (1024, 2048, 4096, 16384) for causal in (False, True)],
+    "gluon8k": [((2, 8192, h, d), causal, (-1, -1), dict(fwd=GLUON["fwd"][:2])) for d, h in ((128, 16), (64, 32))
+                for causal in (False, True)],
+    "gluonwindow": [((1, 16384, 16, 128), w[1] == 0, w, dict(fwd=GLUON["fwd"][:2])) for w in ((1024, 0), (256, 256))],
     "ds16k": [((1, 16384, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)],
     "ds": [((4, 4096, 16, 128), causal, (-1, -1), DS_D128) for causal in (False, True)]
           + [((4, 4096, 32, 64), causal, (-1, -1), DS_D64) for causal in (False, True)],
@@ -294,7 +317,7 @@ def main(out_path, sets):
                     try:
                         with_rows = row.get("_with", {})
                         f = make[part]({kn: {k: v for k, v in row.items() if k not in ("_with", "_limits")},
-                                        **with_rows})
+                                        **with_rows} if "BLOCK_M" in row else None)
                         got = f(*args[part])
                         got = got if part == "bwd" else got[:1]  # the forward's (out, lse): out
                         line[key] = dict(ms=round(median_seconds(f, *args[part], budget_s=0.3) * 1e3, 4),

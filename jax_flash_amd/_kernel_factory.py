@@ -50,24 +50,39 @@ def specialization(backend, arg_dtypes, scalar_indices, nbytes, platform: str) -
     return attrs
 
 
+def is_gluon(fn) -> bool:
+    """A @gluon.jit kernel (kernels/fwd_sm90.py), whose source Triton compiles as Gluon."""
+    return bool(getattr(fn, "is_gluon", lambda: False)())
+
+
+def source(fn, signature: dict, constants: dict, attrs: dict):
+    """Triton's compiler input for fn: an ASTSource, or Gluon's for a Gluon kernel."""
+    from triton.compiler import compiler
+
+    if is_gluon(fn):
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        return GluonASTSource(fn, signature, constexprs=constants, attrs=attrs)
+    return compiler.ASTSource(fn, constexprs=constants, signature=signature, attrs=attrs)
+
+
 def compile_kernel(fn, backend, platform: str, signature: dict, constants: dict, attrs: dict, options: dict,
                    capability) -> Compiled:
     """Triton's stages run one by one (as jax-triton does), keeping the metadata they fill in."""
     import triton._C.libtriton as libtriton
-    from triton.compiler import code_generator, compiler
 
     opts = backend.parse_options(options)
     context = libtriton.ir.context()
     libtriton.ir.load_dialects(context)
     backend.load_dialects(context)
-    module = code_generator.ast_to_ttir(
-        fn, compiler.ASTSource(fn, constexprs=constants, signature=signature, attrs=attrs), context=context,
-        options=opts, codegen_fns=backend.get_codegen_implementation(opts), module_map=backend.get_module_map())
+    module = source(fn, signature, constants, attrs).make_ir(
+        backend.target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), context)
     ttir = str(module)
     # triton >= 3.7's AMD make_llir reads num_ctas from the metadata; both backends overwrite num_warps
     metadata: dict[str, Any] = {"num_ctas": opts.num_ctas, "num_warps": opts.num_warps}
     if platform == "cuda":
-        stages = ("make_ttir", "make_ttgir", "make_llir", "make_ptx")
+        # a Gluon kernel's IR is already TritonGPU: it skips Triton's layout passes
+        stages = (("gluon_to_ttgir",) if is_gluon(fn) else ("make_ttir", "make_ttgir")) + ("make_llir", "make_ptx")
         src = module
         for stage in stages:
             src = getattr(backend, stage)(src, metadata, opts, capability)

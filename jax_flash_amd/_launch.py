@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash_amd import fp8, rules
+from jax_flash_amd import _jax_triton_compat, fp8, rules
 from jax_flash_amd._config_choice import block_d, pick_config, row_kind
 from jax_flash_amd.kernels import bwd, configs, fwd
 from jax_flash_amd.operands import Operands
@@ -285,6 +285,9 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
     """(out, lse2): out like q (bfloat16 for fp8 inputs), lse2 (batch, heads, seq_q) float32 in base 2
     (what backward takes; lse = lse2 * ln 2). rows: {kernel: config row} overriding the defaults
     (autotuning)."""
+    gluon = gluon_forward(target, q, k, statics, extras, rows)
+    if gluon is not None:
+        return _forward_gluon(run, q, k, v, extras, statics, gluon)
     b, sq, h, _ = q.shape
     fp8_inputs = fp8.is_fp8(q.dtype)
     pick = functools.partial(pick_config, target, "fwd", q.shape[3], q.dtype, rows, _kind(q, k, statics),
@@ -332,6 +335,46 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
             constexprs={**constexprs, **edge}, options=edge_options, extras=extras,
         ))
     return out, lse
+
+
+def _interpreted() -> bool:
+    """Whether the kernels were built for Triton's interpreter (TRITON_INTERPRET=1), which cannot run Gluon."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(fwd.attn_fwd, InterpretedFunction)
+
+
+def gluon_forward(target: str, q, k, statics: Statics, extras: Operands, rows=None) -> dict | None:
+    """The configs.SM90_GLUON_FWD row of the Gluon forward (kernels/fwd_sm90.py) for this call, or None (the Triton
+    forward): sm90, compiled kernels launched with their compiled warp count (_jax_triton_compat), 16-bit inputs
+    with a head of a row's size, no segment ids, dropout or positions, no narrow window (its short key loops are
+    faster on the "+window" rows: H200, D 128, 1 x 16384 x 16, ms, Triton / Gluon: (1024, 0) 0.358 / 0.369, (256, 256)
+    0.217 / 0.280), seq_q at least the row's min_seq_q, and no "fwd" row given (autotuning and the rows sweep time
+    the Triton rows)."""
+    if target != "sm90" or (rows or {}).get("fwd") is not None or statics.band.narrow(configs.NARROW_WINDOW):
+        return None
+    if not _whole_16bit_tiles(q) or statics.dropout_p > 0 or extras.q_segment_ids is not None:
+        return None
+    if extras.positions is not None or not _jax_triton_compat.launches_compiled_warps() or _interpreted():
+        return None
+    return next((row for row in configs.SM90_GLUON_FWD
+                 if row["head_dim"] == q.shape[3] and q.shape[1] >= row["min_seq_q"]), None)
+
+
+def _forward_gluon(run: Run, q, k, v, extras: Operands, statics: Statics, row: dict):
+    """forward's (out, lse2) from the Gluon kernel: one program per (128 queries, batch * heads)."""
+    from jax_flash_amd.kernels import fwd_sm90  # Gluon: imported only where it runs
+
+    b, sq, h, _ = q.shape
+    scalars, common = _common(q, k, statics)
+    constexprs = {name: common[name] for name in ("H", "KV_H", "HEAD_DIM", "BANDED", "SOFTCAP")}
+    constexprs.update({name: value for name, value in row.items() if name.isupper()},
+                      KEYS_EVEN=k.shape[1] % row["BLOCK_N"] == 0)
+    inputs = {name: scalars[name] for name in ("sm_scale", "softcap", "seq_q", "seq_k", "lo_off", "hi_off")}
+    return run(_launch(
+        fwd_sm90.attn_fwd_sm90, grid=(_cdiv(sq, 2 * fwd_sm90.ROWS.value), b * h), inputs=dict(Q=q, K=k, V=v, **inputs),
+        out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
+        constexprs=constexprs, options={"num_warps": row["num_warps"]}, extras=extras))
 
 
 def _placeholder():

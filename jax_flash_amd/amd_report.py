@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash_amd import _jax_triton_compat, _launch, fp8
+from jax_flash_amd import _jax_triton_compat, _kernel_factory, _launch, fp8
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
 from jax_flash_amd.kernels import configs, fwd
@@ -163,8 +163,6 @@ def _source(launch: _launch.Launch, platform: str):
     launch path applies (_jax_triton_compat.pointer_specialization), with each array's real size."""
     from triton.backends.amd.compiler import HIPBackend
     from triton.backends.nvidia.compiler import CUDABackend
-    from triton.compiler import ASTSource
-
     backend = HIPBackend if platform == "hip" else CUDABackend
     names = list(inspect.signature(launch.kernel.fn).parameters)
     values = [*launch.args, *launch.out_shapes]
@@ -180,7 +178,7 @@ def _source(launch: _launch.Launch, platform: str):
             signature[name] = "i32"
     for name in names[len(values):]:
         signature[name] = "constexpr"
-    return ASTSource(launch.kernel, signature, constexprs=dict(launch.constexprs), attrs=attrs)
+    return _kernel_factory.source(launch.kernel, signature, dict(launch.constexprs), attrs)
 
 
 # v_mfma_<acc type>_<M>x<N>x<K>[_<blocks>b]_<input type> (gfx942 / gfx950 names) or ..._<M>x<N>x<K><input

@@ -91,6 +91,41 @@ def case_cuda_plain_and_warp_specialised():
         raise AssertionError("a kernel needing scratch was made on a jaxlib without it")
 
 
+def case_cuda_gluon_forward():
+    """The Gluon forward (kernels/fwd_sm90.py) as _launch.forward makes it for a call that takes it: compiled as
+    Gluon (no Triton layout passes) with its three partitions (12 warps) and descriptor scratch."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jax_flash_amd import _launch
+    from jax_flash_amd.rules import Band
+
+    launches = []
+
+    def record(launch):
+        launches.append(launch)
+        return tuple(jnp.zeros(s.shape, s.dtype) for s in launch.out_shapes)
+
+    q = jnp.zeros((1, 4096, 16, 128), jnp.bfloat16)
+    statics = _launch.Statics(128 ** -0.5, Band.of(True, (-1, -1), 4096, 4096))
+    _launch.forward(record, "sm90", q, q, q, statics=statics)
+    (launch,) = launches
+    assert kf.is_gluon(launch.kernel), launch.kernel
+    pointer = {jnp.dtype(jnp.bfloat16): "*bf16", jnp.dtype(jnp.float32): "*fp32"}
+    values = [*launch.args, *launch.out_shapes]
+    dtypes = [pointer[jnp.dtype(x.dtype)] if isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
+              else "fp32" if isinstance(x, np.floating) else "i32" for x in values]
+    scalars = [(i, t, values[i]) for i, t in enumerate(dtypes) if not t.startswith("*")]
+    fake_jax_triton(KernelWithScratch, 90)
+    cuda = CUDABackend(GPUTarget("cuda", 90, 32))
+    kernel, _ = call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs,
+                     num_warps=launch.compile_options["num_warps"])
+    name, warps, scratch = kernel.args[0], kernel.args[1], kernel.args[7]
+    assert name.startswith("attn_fwd_sm90") and warps == 12 and scratch > 0, kernel.args[:3] + kernel.args[7:]
+    assert "setmaxnreg" in kernel.args[4], "the partitions' register split"
+
+
 def case_amd_options_and_pointer_range():
     fake_jax_triton(KernelWithScratch, 0)
     hip = HIPBackend(GPUTarget("hip", "gfx942", 64))

@@ -1,0 +1,203 @@
+"""Hopper forward in Gluon: FlashAttention-3's overlap of the products with the softmax, which Triton 3.6's own
+warp specialisation cannot express (benchmarks/results/NOTES.md, "Ninth" and "Eighteenth session").
+
+Same contract as fwd.attn_fwd (layout, GQA, bands, softcap, ALiBi; lse in base 2), for 16-bit inputs with a head of
+64 or 128 and no segment ids, dropout, fp8 or positions: which calls take it is jax_flash_amd/_launch.py
+gluon_forward. The scores and the mask are scores.py's and masking.py's, called from here.
+
+One program per (128 queries, batch element, head), in masking.tile_order's order, three partitions:
+- a load warp: Q once, then each key block's K and V through a ring of STAGES buffers (TMA, mbarriers ready / empty);
+- two consumer warp groups of 64 queries each. Each issues block j's q.k product, then block j - 1's P.V, waits for
+  q.k alone (warpgroup_mma_wait(1)), runs block j's softmax while P.V is still in flight, then waits for P.V and
+  rescales. The two groups' products and softmaxes interleave on the SM.
+Descriptors are bounded at the end of the program's batch element (masking.element_tiles' rule), so a ragged block
+reads zeros there and its output rows past the end are not stored."""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+from .configs import TILED_GROUP_PROGRAMS
+from .masking import key_blocks, tile_order
+from .scores import scores
+
+# Gluon is experimental: triton 3.9 renamed the TMA copies (3.6's names raise there); the kernel compiles with both
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+ROWS = gl.constexpr(64)  # queries per consumer warp group: wgmma's M for one warp group
+
+
+@gluon.jit
+def _tiles(T, b, seq, ROW: gl.constexpr, BLOCK_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """[BLOCK_ROWS, HEAD_DIM] tiles of (batch, seq, heads, HEAD_DIM) T viewed as (batch * seq, ROW), bounded at
+    the end of batch element b (masking.element_tiles)."""
+    layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    return tma.make_tensor_descriptor(T, [(b + 1) * seq, ROW], [ROW, 1], [BLOCK_ROWS, HEAD_DIM], layout)
+
+
+@gluon.jit
+def _loads(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
+           kv_row, kv_col, start, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    _tma_load(q_desc, [q_row, q_col], q_bar, q_smem.index(0))
+    _tma_load(q_desc, [q_row + ROWS, q_col], q_bar, q_smem.index(1))
+    for i in range(n_blocks):
+        s = i % STAGES
+        # a fresh barrier has completed no phase, and a wait for parity 1 passes: the first round waits for nothing
+        phase = ((i // STAGES) & 1) ^ 1
+        row = kv_row + start + i * BLOCK_N
+        mbarrier.wait(k_empty.index(s), phase)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        _tma_load(k_desc, [row, kv_col], k_ready.index(s), k_smem.index(s))
+        mbarrier.wait(v_empty.index(s), phase)
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        _tma_load(v_desc, [row, kv_col], v_ready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _online(qk, m, l, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
+            BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+    """One key block's online-softmax step (fwd._fwd_block's): (p, m, l, alpha)."""
+    diag = seq_k - seq_q
+    if MAY_MASK:
+        if masked:
+            s, scale2, _ = scores(qk, q_idx, k_idx, 0, 0, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
+                                  slope, MASKED=True, BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+        else:
+            s, scale2, _ = scores(qk, q_idx, k_idx, 0, 0, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
+                                  slope, MASKED=False, BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+    else:
+        s, scale2, _ = scores(qk, q_idx, k_idx, 0, 0, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
+                              slope, MASKED=False, BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+    m_new = gl.maximum(m, gl.max(s, axis=1) * scale2)
+    m_use = m_new
+    if MAY_MASK:  # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s * scale2 - gl.expand_dims(m_use, 1))
+    alpha = gl.exp2(m - m_use)
+    l = l * alpha + gl.sum(p, axis=1)
+    return p, m_new, l, alpha
+
+
+@gluon.jit
+def _consume(q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col, lse_row,
+             start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
+             HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+    """Queries [start_m + HALF * ROWS, + ROWS): the key blocks from `start`, masked outside [full_start, full_end)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q = q_smem.index(HALF)
+    rows = start_m + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+    q_idx = gl.expand_dims(rows, 1)
+    k_idx = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+    m = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    mbarrier.wait(q_bar, 0)
+
+    mbarrier.wait(k_ready.index(0), 0)
+    qk = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
+                       use_acc=False, is_async=True)
+    qk = warpgroup_mma_wait(0, deps=(qk,))
+    mbarrier.arrive(k_empty.index(0))
+    p, m, l, alpha = _online(qk, m, l, q_idx, k_idx + start, (start < full_start) | (start >= full_end), seq_q,
+                             seq_k, lo_off, hi_off, sm_scale, softcap, slope, BANDED, MAY_MASK, SOFTCAP, ALIBI)
+    for i in range(1, n_blocks):
+        cur = i % STAGES
+        prev = (i - 1) % STAGES
+        start_n = start + i * BLOCK_N
+        # block i's q.k, then block i - 1's P.V; wait(1) returns once q.k is done, P.V runs on beside the softmax
+        mbarrier.wait(k_ready.index(cur), (i // STAGES) & 1)
+        qk = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), qk, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
+        acc = warpgroup_mma(gl.convert_layout(p.to(q.dtype), p_layout), v_smem.index(prev), acc, is_async=True)
+        qk = warpgroup_mma_wait(1, deps=(qk,))
+        mbarrier.arrive(k_empty.index(cur))
+        p, m, l, alpha = _online(qk, m, l, q_idx, k_idx + start_n, (start_n < full_start) | (start_n >= full_end),
+                                 seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, BANDED, MAY_MASK, SOFTCAP,
+                                 ALIBI)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(v_empty.index(prev))
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    last = (n_blocks - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+    acc = warpgroup_mma(gl.convert_layout(p.to(q.dtype), p_layout), v_smem.index(last), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(v_empty.index(last))
+
+    # rows that saw no key: output 0, lse -inf (fwd.attn_fwd's)
+    empty = l == 0.0
+    l_safe = gl.where(empty, 1.0, l)
+    out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+    q.store(out.to(q.dtype))  # Q's buffer is free: both products that read it are done
+    fence_async_shared()
+    _tma_store(o_desc, [q_row + HALF * ROWS, q_col], q)
+    gl.store(Lse + lse_row + rows, gl.where(empty, float("-inf"), m + gl.log2(l_safe)), mask=rows < seq_q)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def attn_fwd_sm90(Q, K, V, Slopes, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, Out, Lse, H: gl.constexpr,
+                  KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, KEYS_EVEN: gl.constexpr,
+                  CONSUMER_REGS: gl.constexpr, GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS):
+    """fwd.attn_fwd's arguments of the same names; grid (cdiv(seq_q, 128), batch * H). KEYS_EVEN: seq_k is a
+    multiple of BLOCK_N (else the last key block is masked). CONSUMER_REGS: registers per consumer thread."""
+    i, bh = tile_order(BANDED, GROUP_PROGRAMS)
+    start_m = (gl.num_programs(0) - 1 - i) * (2 * ROWS)
+    b = bh // H
+    h = bh % H
+    q_desc = _tiles(Q, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
+    o_desc = _tiles(Out, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
+    k_desc = _tiles(K, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
+    v_desc = _tiles(V, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
+    q_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [2, ROWS, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(K.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    bar: gl.constexpr = mbarrier.MBarrierLayout()
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], bar)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
+    mbarrier.init(q_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(k_empty.index(s), count=2)  # released by both consumer groups
+        mbarrier.init(v_empty.index(s), count=2)
+    fence_async_shared()
+
+    slope = 0.0
+    if ALIBI:
+        slope = gl.load(Slopes + bh)
+    start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, Slopes, b, 2 * ROWS,
+                                                  BLOCK_N, BANDED, False)
+    n_blocks = gl.cdiv(gl.maximum(end - start, 1), BLOCK_N)  # an empty band still runs one (masked) block
+    MAY_MASK: gl.constexpr = BANDED or not KEYS_EVEN
+    q_row = b * seq_q + start_m
+    q_col = h * HEAD_DIM
+    lse_row = bh.to(gl.int64) * seq_q
+    kv_row = b * seq_k
+    kv_col = (h // (H // KV_H)) * HEAD_DIM
+    gl.warp_specialize([
+        (_consume, (q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
+                    lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale,
+                    softcap, slope, 0, HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI)),
+        (_consume, (q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
+                    lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale,
+                    softcap, slope, 1, HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI)),
+        (_loads, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, q_row,
+                  q_col, kv_row, kv_col, start, n_blocks, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, 24])
+    mbarrier.invalidate(q_bar)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(k_ready.index(s))
+        mbarrier.invalidate(v_ready.index(s))
+        mbarrier.invalidate(k_empty.index(s))
+        mbarrier.invalidate(v_empty.index(s))

@@ -1,0 +1,140 @@
+"""The Gluon forward (kernels/fwd_sm90.py): on the H200 against float64 for every variant it takes, at its
+rows (GPU only; Gluon does not run in Triton's interpreter); on any machine, which calls take it
+(_launch.gluon_forward). Its compile for sm90 on the CPU: tests/kernel_factory_cases.py."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import oracle
+from helpers import ON_GPU, assert_close, inputs, launched_fwd_bwd, run as run_impl
+from jax_flash_amd import _jax_triton_compat, _launch
+from jax_flash_amd.operands import Operands
+from jax_flash_amd.kernels import configs
+from jax_flash_amd.rules import Band
+
+# b 2: a ragged block's rows past its batch element must come in as zeros and never be stored
+CASES = {
+    "full-ragged": dict(sq=300, sk=300),
+    "causal-whole": dict(sq=256, sk=256, causal=True),
+    "causal-ragged": dict(sq=300, sk=300, causal=True),
+    "cross-causal": dict(sq=200, sk=333, causal=True),
+    "more-queries-causal": dict(sq=333, sk=200, causal=True),  # the first rows see no key: out 0, lse -inf
+    "one-block": dict(sq=50, sk=77),
+    "gqa-alibi-causal": dict(sq=300, sk=300, causal=True, h_kv=2, alibi=True),
+    # windows narrower than configs.NARROW_WINDOW take the Triton rows: lowered to 0 for these
+    "window": dict(sq=700, sk=700, window=(100, 37)),
+    "window-left": dict(sq=1000, sk=1000, window=(300, 0)),
+    "window-past-keys": dict(sq=500, sk=500, window=(20, -1)),  # left bound only (BANDED 2)
+    "softcap-causal": dict(sq=300, sk=300, causal=True, softcap=20.0),
+    "d64-causal": dict(sq=300, sk=300, causal=True, d=64),
+    "d64-full": dict(sq=256, sk=256, d=64),
+    "fp16": dict(sq=300, sk=300, dtype=jnp.float16),
+    "fp16-d64-causal": dict(sq=300, sk=300, causal=True, d=64, dtype=jnp.float16),
+    "long-causal": dict(causal=True, b=1, real_rows=True),  # at the shipped row's min_seq_q
+    "long-d64": dict(d=64, b=1, h=2, h_kv=2, real_rows=True),
+}
+
+
+def _case(name):
+    return {**dict(b=2, h=4, h_kv=4, d=128, dtype=jnp.bfloat16, causal=False, window=(-1, -1), softcap=0.0,
+                   alibi=False, real_rows=False), **CASES[name]}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_gluon_forward(name, monkeypatch):
+    """The forward through the Gluon kernel (checked: it ran), the backward through the Triton kernels from its
+    lse, against float64. Below a row's min_seq_q the rows are lowered to 0 (short sequences, cheap references),
+    except for the "long" cases, which take the shipped rows as they are."""
+    c = _case(name)
+    if c["real_rows"]:
+        c["sq"] = c["sk"] = next(r["min_seq_q"] for r in configs.SM90_GLUON_FWD if r["head_dim"] == c["d"])
+    else:
+        monkeypatch.setattr(configs, "SM90_GLUON_FWD", [dict(row, min_seq_q=0) for row in configs.SM90_GLUON_FWD])
+        monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
+    b, h, d = c["b"], c["h"], c["d"]
+    q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), c["dtype"], seed=23)
+    slopes = jax.random.uniform(jax.random.key(3), (b, h), jnp.float32, 0.01, 0.5) if c["alibi"] else None
+    statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]), softcap=c["softcap"])
+    kernels, fwd_bwd = launched_fwd_bwd(statics)
+    got = jax.jit(fwd_bwd)(q, k, v, dout, dlse, Operands(slopes=slopes))
+    assert kernels[0] == "attn_fwd_sm90", kernels
+    ref = oracle.attention(q, k, v, dout, dlse, causal=c["causal"], window=c["window"], softcap=c["softcap"],
+                           alibi=slopes)
+    base = run_impl("xla", q, k, v, dout, dlse, causal=c["causal"], window_size=c["window"], softcap=c["softcap"],
+                    alibi_slopes=slopes)
+    assert_close(got, ref, base, c["dtype"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_gluon_forward_through_the_api():
+    """jax_flash_amd.attention under jit and grad, at the rows' lengths (where the rule sends it to Gluon)."""
+    q, k, v, dout, dlse = inputs((1, 4096, 4, 128), (1, 4096, 4, 128), jnp.bfloat16, seed=5)
+    got = run_impl("triton", q, k, v, dout, dlse, causal=True)
+    ref = oracle.attention(q, k, v, dout, dlse, causal=True)
+    base = run_impl("xla", q, k, v, dout, dlse, causal=True)
+    assert_close(got, ref, base, jnp.bfloat16)
+    assert _launch.gluon_forward("sm90", q, k, _launch.Statics(128 ** -0.5, Band.of(True, (-1, -1), 4096, 4096)),
+                                 Operands()) is not None
+
+
+def _takes(monkeypatch, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 8192, 16, 128), kv_heads=16,
+           dtype=jnp.bfloat16, target="sm90", dropout=0.0, rows=None, window=(-1, -1), **extras):
+    monkeypatch.setattr(_launch, "_interpreted", lambda: interpreted)
+    monkeypatch.setattr(_jax_triton_compat, "versions", lambda: {"jax-triton": jax_triton, "triton": (3, 6, 0),
+                                                                 "jax": (0, 11, 2)})
+    q = jax.ShapeDtypeStruct(shape, dtype)
+    k = jax.ShapeDtypeStruct(shape[:2] + (kv_heads, shape[3]), dtype)
+    statics = _launch.Statics(shape[3] ** -0.5, Band.of(True, window, shape[1], shape[1]), dropout_p=dropout)
+    row = _launch.gluon_forward(target, q, k, statics, dataclasses.replace(Operands(), **extras), rows)
+    return None if row is None else row["head_dim"]
+
+
+@pytest.mark.parametrize("case, takes", [
+    (dict(), 128),
+    (dict(shape=(2, 8192, 32, 64)), 64),
+    (dict(shape=(2, 4096, 32, 64)), None),  # D 64 from 8192 queries
+    (dict(kv_heads=4), 128),  # grouped heads
+    (dict(dtype=jnp.float16), 128),
+    (dict(alibi=True), 128),
+    (dict(window=(4096, 0)), 128),  # wide: one-sided in effect
+    (dict(window=(1024, 0)), None),  # narrow windows: the Triton rows (short key loops)
+    (dict(shape=(16, 1024, 16, 128)), None),  # below min_seq_q: the Triton rows are faster there
+    (dict(shape=(4, 4096, 16, 128)), 128),
+    (dict(shape=(1, 8192, 16, 256)), None),  # no row for the head
+    (dict(shape=(1, 8192, 16, 96)), None),  # not a whole 16-bit tile
+    (dict(dtype=jnp.float32), None),
+    (dict(dtype=jnp.float8_e4m3fn), None),
+    (dict(dropout=0.1), None),
+    (dict(segments=True), None),
+    (dict(positions=True), None),
+    (dict(rows={"fwd": {"BLOCK_M": 128}}), None),  # an explicit row (autotuning, the rows sweep): Triton's
+    (dict(target="cuda"), None),
+    (dict(target="gfx942"), None),
+    (dict(interpreted=True), None),  # Triton's interpreter cannot run Gluon
+    (dict(jax_triton=(0, 4, 1)), None),  # launches the requested 4 warps, not the compiled 12
+])
+def test_which_calls_take_the_gluon_forward(case, takes, monkeypatch):
+    case = dict(case)
+    extras = {}
+    if case.pop("alibi", False):
+        extras["slopes"] = jnp.zeros((1, 16), jnp.float32)
+    if case.pop("segments", False):
+        extras["q_segment_ids"] = extras["kv_segment_ids"] = jnp.zeros((1, 8192), jnp.int32)
+    if case.pop("positions", False):
+        extras["positions"] = jnp.zeros((1, 3), jnp.int32)
+    assert _takes(monkeypatch, **case, **extras) == takes
+
+
+def test_every_gluon_row_is_within_the_kernels_limits():
+    """Rows as data, checked: one per head dim the kernel takes, and within its shared memory and block rules."""
+    dims = [row["head_dim"] for row in configs.SM90_GLUON_FWD]
+    assert sorted(dims) == [64, 128], dims
+    for row in configs.SM90_GLUON_FWD:
+        tiles = (2 * 64 + 2 * row["STAGES"] * row["BLOCK_N"]) * row["head_dim"] * 2  # Q halves, K and V buffers
+        assert tiles <= 227 * 1024, row
+        assert row["BLOCK_N"] in (64, 128) and row["num_warps"] == 4 and 24 < row["CONSUMER_REGS"] <= 256, row
