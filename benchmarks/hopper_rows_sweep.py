@@ -47,12 +47,12 @@ def _name(row):
 def _limit(value):
     if isinstance(value, list):  # configs.SM90_GLUON_FWD's rows
         return "[" + ";".join(f"d{r['head_dim']}s{r['STAGES']}r{r['CONSUMER_REGS']}n{r['BLOCK_N']}"
-                              f"m{r['min_seq_q']}" for r in value) + "]"
+                              f"m{r['min_seq']}" for r in value) + "]"
     return value
 
 
 def _gluon(**change):
-    return dict(_limits=dict(SM90_GLUON_FWD=[dict(r, min_seq_q=0, **change) for r in configs.SM90_GLUON_FWD]))
+    return dict(_limits=dict(SM90_GLUON_FWD=[dict(r, min_seq=0, **change) for r in configs.SM90_GLUON_FWD]))
 
 
 # the Gluon forward (kernels/fwd_sm90.py) against the Triton rows (SM90_GLUON_FWD empty), at every length

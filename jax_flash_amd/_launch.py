@@ -349,7 +349,8 @@ def gluon_forward(target: str, q, k, statics: Statics, extras: Operands, rows=No
     forward): sm90, compiled kernels launched with their compiled warp count (_jax_triton_compat), 16-bit inputs
     with a head of a row's size, no segment ids, dropout or positions, no narrow window (its short key loops are
     faster on the "+window" rows: H200, D 128, 1 x 16384 x 16, ms, Triton / Gluon: (1024, 0) 0.358 / 0.369, (256, 256)
-    0.217 / 0.280), seq_q at least the row's min_seq_q, and no "fwd" row given (autotuning and the rows sweep time
+    0.217 / 0.280), both lengths at least the row's min_seq (a short key loop or grid pays the program's fixed cost),
+    and no "fwd" row given (autotuning and the rows sweep time
     the Triton rows)."""
     if target != "sm90" or (rows or {}).get("fwd") is not None or statics.band.narrow(configs.NARROW_WINDOW):
         return None
@@ -358,7 +359,7 @@ def gluon_forward(target: str, q, k, statics: Statics, extras: Operands, rows=No
     if extras.positions is not None or not _jax_triton_compat.launches_compiled_warps() or _interpreted():
         return None
     return next((row for row in configs.SM90_GLUON_FWD
-                 if row["head_dim"] == q.shape[3] and q.shape[1] >= row["min_seq_q"]), None)
+                 if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]), None)
 
 
 def _forward_gluon(run: Run, q, k, v, extras: Operands, statics: Statics, row: dict):

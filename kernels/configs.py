@@ -175,9 +175,10 @@ _SM90_FWD_TMA = dict(max_block_d=128, max_itemsize=2, BLOCK_M=128, BLOCK_N=128, 
 # take it. 128 x 64 tiles 6-30 % slower; 3 stages: NaN (Triton 3.6).
 _SM90_FWD64_TMA = dict(_SM90_FWD_TMA, max_block_d=64, min_block_d=64, max_banded_seq=1024, persistent_only=True)
 # The Gluon forward (kernels/fwd_sm90.py: FlashAttention-3's overlap of the products with the softmax), which calls
-# take it: jax_flash_amd/_launch.py gluon_forward. The first row of the call's head dim (exactly) whose min_seq_q it
-# reaches; BLOCK_N keys per block, STAGES K / V buffers, CONSUMER_REGS registers per consumer thread (the load warp
-# gets 24). H200, bf16, forward ms, cuDNN / the Triton rows / this row, same run (benchmarks/hopper_rows_sweep.py
+# take it: jax_flash_amd/_launch.py gluon_forward. The first row of the call's head dim (exactly) whose min_seq both
+# its lengths reach; BLOCK_N keys per block, STAGES K / V buffers, CONSUMER_REGS registers per thread of the second
+# consumer group (a worker partition; the first, Gluon's default partition, gets what is left: 256 in sm90 PTX; the
+# load warp 24). H200, bf16, forward ms, cuDNN / the Triton rows / this row, same run (benchmarks/hopper_rows_sweep.py
 # gluon, gluon8k; full, then causal):
 #   D 128, 16 heads: 16 x 1024 0.250 / 0.280 / 0.322, 0.179 / 0.183 / 0.246; 8 x 2048 0.488 / 0.499 / 0.540, 0.307 /
 #   0.317 / 0.341; 4 x 4096 0.933 / 1.015 / 0.966, 0.554 / 0.577 / 0.563; 2 x 8192 1.835 / 1.991 / 1.822, 1.024 /
@@ -186,11 +187,11 @@ _SM90_FWD64_TMA = dict(_SM90_FWD_TMA, max_block_d=64, min_block_d=64, max_banded
 #   0.424 / 0.557; 4 x 4096 1.238 / 1.349 / 1.369, 0.686 / 0.753 / 0.833; 2 x 8192 2.394 / 2.657 / 2.540, 1.292 /
 #   1.406 / 1.395; 1 x 16384 4.832 / 5.251 / 4.868, 2.521 / 2.688 / 2.545.
 # Short key loops pay the program's fixed cost (four descriptors, barriers, the pipeline's fill) with no persistent
-# grid to spread it. 3 stages or 232 registers at D 128 (2 stages at D 64) within 1-2 % of these; 64-key blocks
-# 5-25 % slower.
+# grid to spread it. 3 stages or 232 registers (the second group's) at D 128 (2 stages at D 64) within 1-2 % of
+# these; 64-key blocks 5-25 % slower.
 SM90_GLUON_FWD = [
-    dict(head_dim=128, min_seq_q=4096, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, num_warps=4),
-    dict(head_dim=64, min_seq_q=8192, BLOCK_N=128, STAGES=3, CONSUMER_REGS=232, num_warps=4),
+    dict(head_dim=128, min_seq=4096, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, num_warps=4),
+    dict(head_dim=64, min_seq=8192, BLOCK_N=128, STAGES=3, CONSUMER_REGS=232, num_warps=4),
 ]
 # _launch.py persistent_programs: the busiest program's work / when the tiled grid would finish, at most
 # (causal D 128 forward ms, tiled / persistent: 1 x 2048 x 16 0.083 / 0.066, whose fixed schedule is 1.47x the

@@ -147,7 +147,8 @@ def attn_fwd_sm90(Q, K, V, Slopes, sm_scale, softcap, seq_q, seq_k, lo_off, hi_o
                   BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, KEYS_EVEN: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr, GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS):
     """fwd.attn_fwd's arguments of the same names; grid (cdiv(seq_q, 128), batch * H). KEYS_EVEN: seq_k is a
-    multiple of BLOCK_N (else the last key block is masked). CONSUMER_REGS: registers per consumer thread."""
+    multiple of BLOCK_N (else the last key block is masked). CONSUMER_REGS: registers per thread of the second
+    consumer group (a worker partition; the first is the default partition, which gets what the workers leave)."""
     i, bh = tile_order(BANDED, GROUP_PROGRAMS)
     start_m = (gl.num_programs(0) - 1 - i) * (2 * ROWS)
     b = bh // H

@@ -9,7 +9,7 @@ import pytest
 
 import oracle
 from helpers import ON_GPU, assert_close, inputs, launched_fwd_bwd, run as run_impl
-from jax_flash_amd import _jax_triton_compat, _launch
+from jax_flash_amd import _jax_triton_compat, _launch, _triton
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.kernels import configs
 from jax_flash_amd.rules import Band
@@ -23,6 +23,8 @@ CASES = {
     "more-queries-causal": dict(sq=333, sk=200, causal=True),  # the first rows see no key: out 0, lse -inf
     "one-block": dict(sq=50, sk=77),
     "gqa-alibi-causal": dict(sq=300, sk=300, causal=True, h_kv=2, alibi=True),
+    "gqa-full": dict(sq=300, sk=300, h_kv=2),
+    "cross-two-sided": dict(sq=600, sk=450, window=(60, 40)),
     # windows narrower than configs.NARROW_WINDOW take the Triton rows: lowered to 0 for these
     "window": dict(sq=700, sk=700, window=(100, 37)),
     "window-left": dict(sq=1000, sk=1000, window=(300, 0)),
@@ -32,7 +34,7 @@ CASES = {
     "d64-full": dict(sq=256, sk=256, d=64),
     "fp16": dict(sq=300, sk=300, dtype=jnp.float16),
     "fp16-d64-causal": dict(sq=300, sk=300, causal=True, d=64, dtype=jnp.float16),
-    "long-causal": dict(causal=True, b=1, real_rows=True),  # at the shipped row's min_seq_q
+    "long-causal": dict(causal=True, b=1, real_rows=True),  # at the shipped row's min_seq
     "long-d64": dict(d=64, b=1, h=2, h_kv=2, real_rows=True),
 }
 
@@ -47,13 +49,13 @@ def _case(name):
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_gluon_forward(name, monkeypatch):
     """The forward through the Gluon kernel (checked: it ran), the backward through the Triton kernels from its
-    lse, against float64. Below a row's min_seq_q the rows are lowered to 0 (short sequences, cheap references),
+    lse, against float64. Below a row's min_seq the rows are lowered to 0 (short sequences, cheap references),
     except for the "long" cases, which take the shipped rows as they are."""
     c = _case(name)
     if c["real_rows"]:
-        c["sq"] = c["sk"] = next(r["min_seq_q"] for r in configs.SM90_GLUON_FWD if r["head_dim"] == c["d"])
+        c["sq"] = c["sk"] = next(r["min_seq"] for r in configs.SM90_GLUON_FWD if r["head_dim"] == c["d"])
     else:
-        monkeypatch.setattr(configs, "SM90_GLUON_FWD", [dict(row, min_seq_q=0) for row in configs.SM90_GLUON_FWD])
+        monkeypatch.setattr(configs, "SM90_GLUON_FWD", [dict(row, min_seq=0) for row in configs.SM90_GLUON_FWD])
         monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
     b, h, d = c["b"], c["h"], c["d"]
     q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), c["dtype"], seed=23)
@@ -71,25 +73,33 @@ def test_gluon_forward(name, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-def test_gluon_forward_through_the_api():
-    """jax_flash_amd.attention under jit and grad, at the rows' lengths (where the rule sends it to Gluon)."""
+def test_gluon_forward_through_the_api(monkeypatch):
+    """jax_flash_amd.attention under jit and grad, at the rows' lengths: the Gluon kernel runs (recorded), the result
+    against float64."""
+    names, launch = [], _triton.run
+
+    def record(one):
+        names.append(one.kernel.__name__)
+        return launch(one)
+
+    monkeypatch.setattr(_triton, "run", record)
     q, k, v, dout, dlse = inputs((1, 4096, 4, 128), (1, 4096, 4, 128), jnp.bfloat16, seed=5)
     got = run_impl("triton", q, k, v, dout, dlse, causal=True)
+    assert "attn_fwd_sm90" in names, names
     ref = oracle.attention(q, k, v, dout, dlse, causal=True)
     base = run_impl("xla", q, k, v, dout, dlse, causal=True)
     assert_close(got, ref, base, jnp.bfloat16)
-    assert _launch.gluon_forward("sm90", q, k, _launch.Statics(128 ** -0.5, Band.of(True, (-1, -1), 4096, 4096)),
-                                 Operands()) is not None
 
 
-def _takes(monkeypatch, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 8192, 16, 128), kv_heads=16,
-           dtype=jnp.bfloat16, target="sm90", dropout=0.0, rows=None, window=(-1, -1), **extras):
+def _takes(monkeypatch, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 8192, 16, 128), kv_heads=16, seq_k=None,
+           dtype=jnp.bfloat16, target="sm90", dropout=0.0, rows=None, causal=True, window=(-1, -1), **extras):
     monkeypatch.setattr(_launch, "_interpreted", lambda: interpreted)
     monkeypatch.setattr(_jax_triton_compat, "versions", lambda: {"jax-triton": jax_triton, "triton": (3, 6, 0),
                                                                  "jax": (0, 11, 2)})
     q = jax.ShapeDtypeStruct(shape, dtype)
-    k = jax.ShapeDtypeStruct(shape[:2] + (kv_heads, shape[3]), dtype)
-    statics = _launch.Statics(shape[3] ** -0.5, Band.of(True, window, shape[1], shape[1]), dropout_p=dropout)
+    seq_k = shape[1] if seq_k is None else seq_k
+    k = jax.ShapeDtypeStruct((shape[0], seq_k, kv_heads, shape[3]), dtype)
+    statics = _launch.Statics(shape[3] ** -0.5, Band.of(causal, window, shape[1], seq_k), dropout_p=dropout)
     row = _launch.gluon_forward(target, q, k, statics, dataclasses.replace(Operands(), **extras), rows)
     return None if row is None else row["head_dim"]
 
@@ -103,7 +113,10 @@ def _takes(monkeypatch, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 8192,
     (dict(alibi=True), 128),
     (dict(window=(4096, 0)), 128),  # wide: one-sided in effect
     (dict(window=(1024, 0)), None),  # narrow windows: the Triton rows (short key loops)
-    (dict(shape=(16, 1024, 16, 128)), None),  # below min_seq_q: the Triton rows are faster there
+    (dict(causal=False), 128),
+    (dict(causal=False, window=(3000, 3000)), 128),  # two-sided, wider than configs.NARROW_WINDOW
+    (dict(shape=(16, 1024, 16, 128)), None),  # below min_seq: the Triton rows are faster there
+    (dict(seq_k=1024), None),  # short key loops too
     (dict(shape=(4, 4096, 16, 128)), 128),
     (dict(shape=(1, 8192, 16, 256)), None),  # no row for the head
     (dict(shape=(1, 8192, 16, 96)), None),  # not a whole 16-bit tile
