@@ -9,7 +9,7 @@ import threading
 import jax
 import numpy as np
 
-from jax_flash_amd._launch import Launch
+from jax_flash_amd._launch import Launch, interpreted
 
 TARGET = "interpret"
 _FP8 = {np.dtype(jax.numpy.float8_e4m3fn): "float8_e4m3fn", np.dtype(jax.numpy.float8_e4m3fnuz): "float8_e4m3fnuz"}
@@ -25,11 +25,7 @@ def target() -> str:
 
 def check_available() -> None:
     """Raise a clear error unless the kernels were built for Triton's interpreter."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    from jax_flash_amd.kernels import fwd
-
-    if not isinstance(fwd.attn_fwd, InterpretedFunction):
+    if not interpreted():
         raise RuntimeError(
             "implementation='interpret' runs the Triton kernels in Triton's interpreter, which Triton "
             "only enables when TRITON_INTERPRET=1 is set before triton is first imported. "

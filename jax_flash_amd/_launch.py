@@ -337,8 +337,9 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
     return out, lse
 
 
-def _interpreted() -> bool:
-    """Whether the kernels were built for Triton's interpreter (TRITON_INTERPRET=1), which cannot run Gluon."""
+def interpreted() -> bool:
+    """Whether the kernels were built for Triton's interpreter (TRITON_INTERPRET=1 when triton was first imported):
+    the interpret implementation needs it, the triton one needs it not, and the interpreter cannot run Gluon."""
     from triton.runtime.interpreter import InterpretedFunction
 
     return isinstance(fwd.attn_fwd, InterpretedFunction)
@@ -356,7 +357,7 @@ def gluon_forward(target: str, q, k, statics: Statics, extras: Operands, rows=No
         return None
     if not _whole_16bit_tiles(q) or statics.dropout_p > 0 or extras.q_segment_ids is not None:
         return None
-    if extras.positions is not None or not _jax_triton_compat.launches_compiled_warps() or _interpreted():
+    if extras.positions is not None or not _jax_triton_compat.launches_compiled_warps() or interpreted():
         return None
     return next((row for row in configs.SM90_GLUON_FWD
                  if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]), None)

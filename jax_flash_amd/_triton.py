@@ -10,7 +10,7 @@ import logging
 import jax
 
 from jax_flash_amd import _jax_triton_compat
-from jax_flash_amd._launch import Launch
+from jax_flash_amd._launch import Launch, interpreted
 from jax_flash_amd.kernels import configs
 
 log = logging.getLogger(__name__)
@@ -39,11 +39,7 @@ def check_available() -> None:
         raise RuntimeError("implementation='triton' needs a GPU backend (CUDA or ROCm jaxlib); "
                            f"JAX's default backend is {jax.default_backend()!r}. "
                            "Use implementation='xla' or 'interpret' on the CPU.")
-    from triton.runtime.interpreter import InterpretedFunction
-
-    from jax_flash_amd.kernels import fwd
-
-    if isinstance(fwd.attn_fwd, InterpretedFunction):
+    if interpreted():
         raise RuntimeError("implementation='triton' needs compiled kernels, but TRITON_INTERPRET=1 was "
                            "set when triton was imported; unset it.")
     _jax_triton_compat.check_supported()
