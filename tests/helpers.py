@@ -52,23 +52,17 @@ def run(impl, q, k, v, dout, dlse, **kw):
     return jax.jit(fwd_bwd)(q, k, v, dout, dlse)
 
 
-def launched_fwd_bwd(statics, rows=None):
-    """(names, fwd_bwd): fwd_bwd(q, k, v, dout, dlse, extras) -> dict(out, lse, dq, dk, dv) through _launch's
-    forward and backward on the GPU (jax-triton), appending each launch's kernel name to `names`."""
-    from jax_flash_amd import _launch, _triton
-
-    names, target = [], _triton.target()
-
-    def run(launch):
-        names.append(launch.kernel.__name__)
-        return _triton.run(launch)
+def fwd_bwd_through(run, target, statics, rows=None):
+    """fwd_bwd(q, k, v, dout, dlse, extras) -> dict(out, lse, dq, dk, dv) through _launch's forward and backward,
+    each launch through `run` (a backend's run, or one that records what it launches)."""
+    from jax_flash_amd import _launch
 
     def fwd_bwd(q, k, v, dout, dlse, extras):
         out, lse2 = _launch.forward(run, target, q, k, v, extras, statics=statics, rows=rows)
         grads = _launch.backward(run, target, q, k, v, out, lse2, dout, dlse, extras, statics=statics, rows=rows)
         return dict(out=out, lse=lse2 * np.log(2), **dict(zip(("dq", "dk", "dv"), grads)))
 
-    return names, fwd_bwd
+    return fwd_bwd
 
 
 def _np(x):

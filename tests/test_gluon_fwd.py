@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 import oracle
-from helpers import ON_GPU, assert_close, inputs, launched_fwd_bwd, run as run_impl
+from helpers import ON_GPU, assert_close, fwd_bwd_through, inputs, run as run_impl
 from jax_flash_amd import _jax_triton_compat, _launch, _triton
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.kernels import configs
@@ -61,8 +61,13 @@ def test_gluon_forward(name, monkeypatch):
     q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), c["dtype"], seed=23)
     slopes = jax.random.uniform(jax.random.key(3), (b, h), jnp.float32, 0.01, 0.5) if c["alibi"] else None
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]), softcap=c["softcap"])
-    kernels, fwd_bwd = launched_fwd_bwd(statics)
-    got = jax.jit(fwd_bwd)(q, k, v, dout, dlse, Operands(slopes=slopes))
+    kernels = []
+
+    def run(launch):
+        kernels.append(launch.kernel.__name__)
+        return _triton.run(launch)
+
+    got = jax.jit(fwd_bwd_through(run, _triton.target(), statics))(q, k, v, dout, dlse, Operands(slopes=slopes))
     assert kernels[0] == "attn_fwd_sm90", kernels
     ref = oracle.attention(q, k, v, dout, dlse, causal=c["causal"], window=c["window"], softcap=c["softcap"],
                            alibi=slopes)
@@ -93,7 +98,7 @@ def test_gluon_forward_through_the_api(monkeypatch):
 
 def _takes(monkeypatch, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 8192, 16, 128), kv_heads=16, seq_k=None,
            dtype=jnp.bfloat16, target="sm90", dropout=0.0, rows=None, causal=True, window=(-1, -1), **extras):
-    monkeypatch.setattr(_launch, "_interpreted", lambda: interpreted)
+    monkeypatch.setattr(_launch, "interpreted", lambda: interpreted)
     monkeypatch.setattr(_jax_triton_compat, "versions", lambda: {"jax-triton": jax_triton, "triton": (3, 6, 0),
                                                                  "jax": (0, 11, 2)})
     q = jax.ShapeDtypeStruct(shape, dtype)

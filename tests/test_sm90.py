@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 
-from helpers import ON_GPU, assert_close, inputs, run as run_impl
+from helpers import ON_GPU, assert_close, fwd_bwd_through, inputs, run as run_impl
 from jax_flash_amd import _launch, _triton, reference
 from jax_flash_amd._config_choice import pick_config
 from jax_flash_amd.operands import Operands
@@ -122,12 +122,7 @@ def _check_row(kernel_row, dtype, causal, seq, variant, monkeypatch, edges=False
         launched.append(launch.kernel.__name__)
         return _triton.run(launch)
 
-    def fwd_bwd(q, k, v, dout, dlse, e):
-        out, lse2 = _launch.forward(run, target, q, k, v, e, statics=statics, rows={kernel: row})
-        grads = _launch.backward(run, target, q, k, v, out, lse2, dout, dlse, e, statics=statics, rows={kernel: row})
-        return dict(out=out, lse=lse2 * np.log(2), **dict(zip(("dq", "dk", "dv"), grads)))
-
-    got = jax.jit(fwd_bwd)(q, k, v, dout, dlse, extras)
+    got = jax.jit(fwd_bwd_through(run, target, statics, rows={kernel: row}))(q, k, v, dout, dlse, extras)
     if kernel in ("dkdv", "dqds"):  # the path the row serves ran
         assert ("attn_bwd_dq_ds" in launched) == bool(takes_ds and configs.DS_WORKSPACE_BYTES), launched
     if edges:  # and the edges' launch (a band, or ragged blocks)
@@ -306,12 +301,7 @@ def test_banded_ds_workspace(case):
         launches.append((launch.kernel.__name__, launch.constexprs.get("DS_BAND")))
         return _triton.run(launch)
 
-    def fwd_bwd(q, k, v, dout, dlse, e):
-        out, lse2 = _launch.forward(run, target, q, k, v, e, statics=statics)
-        grads = _launch.backward(run, target, q, k, v, out, lse2, dout, dlse, e, statics=statics)
-        return dict(out=out, lse=lse2 * np.log(2), **dict(zip(("dq", "dk", "dv"), grads)))
-
-    got = jax.jit(fwd_bwd)(q, k, v, dout, dlse, Operands(slopes=slopes))
+    got = jax.jit(fwd_bwd_through(run, target, statics))(q, k, v, dout, dlse, Operands(slopes=slopes))
     assert {("attn_bwd_dkdv", True), ("attn_bwd_dq_ds", True)} <= set(launches), launches
     ref = oracle.attention(q, k, v, dout, dlse, window=c["window"], alibi=slopes)
     base = run_impl("xla", q, k, v, dout, dlse, window_size=c["window"], alibi_slopes=slopes)
@@ -388,11 +378,7 @@ def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, monkeyp
         tma_runs.add((launch.kernel.__name__, bool(launch.constexprs.get("TMA"))))
         return run_launch(launch)
 
-    def fwd_bwd(q, k, v, dout, dlse, extras):
-        out, lse2 = _launch.forward(run, target, q, k, v, extras, statics=statics, rows=rows)
-        grads = _launch.backward(run, target, q, k, v, out, lse2, dout, dlse, extras, statics=statics, rows=rows)
-        return dict(out=out, lse=lse2 * np.log(2), **dict(zip(("dq", "dk", "dv"), grads)))
-
+    fwd_bwd = fwd_bwd_through(run, target, statics, rows)
     got = (fwd_bwd if target == "interpret" else jax.jit(fwd_bwd))(q, k, v, dout, dlse,
                                                                   Operands(slopes=slopes, seeds=seeds))
     assert launched.count("attn_bwd_dq_ds") == (c["h_kv"] if c["by_heads"] else 1), launched
@@ -426,12 +412,7 @@ def test_dropout_at_d64(causal):
         launches.append(launch.constexprs)
         return _triton.run(launch)
 
-    def fwd_bwd(q, k, v, dout, dlse):
-        out, lse2 = _launch.forward(run, "sm90", q, k, v, Operands(seeds=seeds), statics=statics)
-        grads = _launch.backward(run, "sm90", q, k, v, out, lse2, dout, dlse, Operands(seeds=seeds), statics=statics)
-        return dict(out=out, lse=lse2 * np.log(2), **dict(zip(("dq", "dk", "dv"), grads)))
-
-    got = jax.jit(fwd_bwd)(q, k, v, dout, dlse)
+    got = jax.jit(fwd_bwd_through(run, "sm90", statics))(q, k, v, dout, dlse, Operands(seeds=seeds))
     assert not launches[0].get("TMA"), launches[0]
     ref = oracle.attention(q, k, v, dout, dlse, causal=causal, dropout_p=p,
                            keep=reference.dropout_keep(seeds, sq, sq, p))
@@ -974,12 +955,8 @@ def test_every_sm90_dkdv_row_persistent(row, causal, variant, monkeypatch):
                 grids.append(launch.grid)
             return _triton.run(launch)
 
-        def fwd_bwd(q, k, v, dout, dlse, e):
-            out, lse2 = _launch.forward(run, "sm90", q, k, v, e, statics=statics)
-            grads = _launch.backward(run, "sm90", q, k, v, out, lse2, dout, dlse, e, statics=statics, rows=rows)
-            return dict(out=out, lse=lse2 * np.log(2), **dict(zip(("dq", "dk", "dv"), grads)))
-
-        got = jax.jit(fwd_bwd)(*args, Operands(slopes=slopes))
+        # rows only name dK/dV's: the forward takes its defaults
+        got = jax.jit(fwd_bwd_through(run, "sm90", statics, rows))(*args, Operands(slopes=slopes))
         assert grids and all(g == (programs, 1, 1) for g in grids), grids  # persistent
         for name, x in got.items():
             assert np.isfinite(np.asarray(x, np.float32)[np.isfinite(ref[name])]).all(), name
