@@ -7,7 +7,7 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
                                                                    # d128seven, edges, bm256, dropoutds, dropoutfwd,
                                                                    # ds16k, dropouttma, dropoutwindow, dropoutfwd64,
                                                                    # windowds, d64ws, windowbanded, gluon, gluon8k,
-                                                                   # gluonwindow
+                                                                   # gluonwindow, gluonbwd
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -45,9 +45,9 @@ def _name(row):
 
 
 def _limit(value):
-    if isinstance(value, list):  # configs.SM90_GLUON_FWD's rows
-        return "[" + ";".join(f"d{r['head_dim']}s{r['STAGES']}r{r['CONSUMER_REGS']}n{r['BLOCK_N']}"
-                              f"m{r['min_seq']}" for r in value) + "]"
+    if isinstance(value, list):  # configs.SM90_GLUON_FWD's or SM90_GLUON_DKDV's rows
+        return "[" + ";".join("".join(f"{k[0].lower()}{int(v)}" for k, v in r.items() if k != "num_warps")
+                              for r in value) + "]"
     return value
 
 
@@ -58,6 +58,15 @@ def _gluon(**change):
 # the Gluon forward (kernels/fwd_sm90.py) against the Triton rows (SM90_GLUON_FWD empty), at every length
 GLUON = {"fwd": [dict(_limits=dict(SM90_GLUON_FWD=[])), _gluon(), _gluon(STAGES=2), _gluon(STAGES=3),
                  _gluon(CONSUMER_REGS=232), _gluon(BLOCK_N=64, STAGES=3)]}
+
+def _gluon_dkdv(**change):
+    return dict(_limits=dict(SM90_GLUON_DKDV=[dict(r, **change) for r in configs.SM90_GLUON_DKDV]))
+
+
+# the Gluon dK/dV (kernels/bwd_sm90.py) against the Triton rows (SM90_GLUON_DKDV empty), and its neighbours: the dS
+# path or seven products, 3 stages, 128-query steps
+GLUON_DKDV = {"dkdv": [dict(_limits=dict(SM90_GLUON_DKDV=[])), _gluon_dkdv(STAGES=3), _gluon_dkdv(DS=False),
+                       _gluon_dkdv(DS=True)]}
 
 D64 = {
     "fwd": [_row(64, 128, 64, 4, 2, ws=True), _row(64, 128, 128, 4, 2, ws=True)],
@@ -245,6 +254,8 @@ SETS = {
     "dropoutwindow": [((1, 16384, 16, 128), True, (1024, 0), DROPOUT_WINDOW)],
     "gluon": [((16384 // n, n, h, d), causal, (-1, -1), GLUON) for d, h in ((128, 16), (64, 32))
               for n in (1024, 2048, 4096, 16384) for causal in (False, True)],
+    "gluonbwd": [((16384 // n, n, h, d), causal, (-1, -1), GLUON_DKDV) for n in (4096, 16384, 1024)
+                 for d, h in ((128, 16), (64, 32)) for causal in (False, True)],
     "gluon8k": [((2, 8192, h, d), causal, (-1, -1), dict(fwd=GLUON["fwd"][:2])) for d, h in ((128, 16), (64, 32))
                 for causal in (False, True)],
     "gluonwindow": [((1, 16384, 16, 128), w[1] == 0, w, dict(fwd=GLUON["fwd"][:2])) for w in ((1024, 0), (256, 256))],

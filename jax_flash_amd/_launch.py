@@ -353,14 +353,31 @@ def gluon_forward(target: str, q, k, statics: Statics, extras: Operands, rows=No
     0.217 / 0.280), both lengths at least the row's min_seq (a short key loop or grid pays the program's fixed cost),
     and no "fwd" row given (autotuning and the rows sweep time
     the Triton rows)."""
-    if target != "sm90" or (rows or {}).get("fwd") is not None or statics.band.narrow(configs.NARROW_WINDOW):
-        return None
-    if not _whole_16bit_tiles(q) or statics.dropout_p > 0 or extras.q_segment_ids is not None:
-        return None
-    if extras.positions is not None or not _jax_triton_compat.launches_compiled_warps() or interpreted():
+    if not _gluon_takes(target, q, statics, extras, rows, "fwd"):
         return None
     return next((row for row in configs.SM90_GLUON_FWD
                  if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]), None)
+
+
+def gluon_dkdv(target: str, q, k, statics: Statics, extras: Operands, rows=None) -> dict | None:
+    """The configs.SM90_GLUON_DKDV row of the Gluon dK/dV (kernels/bwd_sm90.py) for this call, or None (the Triton
+    rows): what gluon_forward asks (both lengths at least the row's min_seq), and no "dkdv" row given."""
+    if not _gluon_takes(target, q, statics, extras, rows, "dkdv"):
+        return None
+    return next((row for row in configs.SM90_GLUON_DKDV
+                 if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]), None)
+
+
+def _gluon_takes(target: str, q, statics: Statics, extras: Operands, rows, kernel: str) -> bool:
+    """Whether a call may take a Gluon kernel (kernels/*_sm90.py) in place of `kernel`'s Triton rows: sm90, compiled
+    kernels launched with their compiled warp count (_jax_triton_compat), 16-bit inputs with a power-of-two head, no
+    segment ids, dropout or positions, no narrow window, and no row given for `kernel` (autotuning and the rows
+    sweep time the Triton rows)."""
+    if target != "sm90" or (rows or {}).get(kernel) is not None or statics.band.narrow(configs.NARROW_WINDOW):
+        return False
+    if not _whole_16bit_tiles(q) or statics.dropout_p > 0 or extras.q_segment_ids is not None:
+        return False
+    return extras.positions is None and _jax_triton_compat.launches_compiled_warps() and not interpreted()
 
 
 def _forward_gluon(run: Run, q, k, v, extras: Operands, statics: Statics, row: dict):
@@ -385,6 +402,10 @@ def _placeholder():
 
 
 def _dkdv_config(target: str, q, k, statics: Statics, extras: Operands, rows) -> tuple[dict, dict]:
+    gluon = gluon_dkdv(target, q, k, statics, extras, rows)
+    if gluon is not None:  # 128-key blocks, two warp groups of 64 (kernels/bwd_sm90.py)
+        return {"GLUON": True, "SPLIT": False, "BLOCK_N": 128,
+                **{name: value for name, value in gluon.items() if name.isupper()}}, {"num_warps": gluon["num_warps"]}
     blocks, options = pick_config(target, "dkdv", q.shape[3], q.dtype, rows, _kind(q, k, statics),
                                   tma=_dkdv_takes_tma(q, statics, extras))
     blocks = {"SPLIT": False, **blocks}
@@ -400,6 +421,8 @@ def _dkdv(run: Run, target: str, q, k, v, dout, lse2, delta, extras: Operands, s
     or dK where SPLIT]), or a persistent grid (TMA rows with PERSISTENT, persistent_programs) where it has
     fewer programs than tiles, but not while it stores dS (persistent, that returned NaN on the H200 with
     Triton 3.6, kernels/configs.py)."""
+    if dkdv[0].get("GLUON"):
+        return _dkdv_gluon(run, q, k, v, dout, lse2, delta, extras, statics, dkdv, ds)
     b, sq, h, _ = q.shape
     sk, h_kv = k.shape[1], k.shape[2]
     blocks, options = dkdv
@@ -439,6 +462,32 @@ def _dkdv(run: Run, target: str, q, k, v, dout, lse2, delta, extras: Operands, s
             launch = dataclasses.replace(launch, aliases=((_params(bwd.attn_bwd_dkdv).index("DSPart"), 2),))
         dk, dv, ds_out = run(launch)
     return dk, dv, ds_out
+
+
+def _dkdv_gluon(run: Run, q, k, v, dout, lse2, delta, extras: Operands, statics: Statics, dkdv, ds: bool):
+    """_dkdv's (dk, dv, dS workspace) from the Gluon kernel (gluon_dkdv): one program per (128 keys, batch *
+    key/value heads)."""
+    from jax_flash_amd.kernels import bwd_sm90  # Gluon: imported only where it runs
+
+    b, sq, h, _ = q.shape
+    sk, h_kv = k.shape[1], k.shape[2]
+    blocks, options = dkdv
+    scalars, common = _common(q, k, statics)
+    constexprs = {name: common[name] for name in ("H", "KV_H", "HEAD_DIM", "BANDED", "SOFTCAP")}
+    constexprs.update({name: blocks[name] for name in ("BLOCK_M", "STAGES", "CONSUMER_REGS")}, DS=ds,
+                      EVEN=sq % blocks["BLOCK_M"] == 0 and sk % blocks["BLOCK_N"] == 0,
+                      **_ds_band(statics.band, sq, ds))
+    inputs = {name: scalars[name] for name in ("sm_scale", "softcap", "seq_q", "seq_k", "lo_off", "hi_off")}
+    lse_len = _cdiv(sq, 4) * 4  # lse's and delta's rows 16-byte aligned, as the kernel's TMA tiles need
+    if lse_len != sq:
+        lse2, delta = (jnp.pad(x, ((0, 0), (0, 0), (0, lse_len - sq))) for x in (lse2, delta))
+    workspace = ds_workspace(b, h, sq, sk, blocks["BLOCK_N"], statics.band) if ds else (1,)
+    return run(_launch(
+        bwd_sm90.attn_bwd_dkdv_sm90, grid=(_cdiv(sk, blocks["BLOCK_N"]), b * h_kv),
+        inputs=dict(Q=q, K=k, V=v, dOut=dout, Lse=lse2, Delta=delta, lse_len=lse_len, **inputs),
+        out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+                    jax.ShapeDtypeStruct(workspace, q.dtype)),
+        constexprs=constexprs, options=options, extras=extras))
 
 
 def ds_workspace(batch: int, heads: int, sq: int, sk: int, block_n: int, band: rules.Band) -> tuple[int, int]:

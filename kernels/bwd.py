@@ -520,6 +520,17 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, d
 
 
 @triton.jit
+def ds_shape(seq_q, seq_k, lo_off, hi_off, DS_BLOCK_N: tl.constexpr, DS_BAND: tl.constexpr):
+    """(rows per (batch, head), cols) of the dS path's workspace (ds_tiles); also the Gluon dK/dV's (bwd_sm90.py)."""
+    rows = tl.cdiv(seq_k, DS_BLOCK_N) * DS_BLOCK_N
+    if DS_BAND:
+        cols = tl.cdiv(2 * DS_BAND_BLOCK - 1 + hi_off - lo_off, 8) * 8
+    else:
+        cols = tl.cdiv(seq_q, 8) * 8
+    return rows, cols
+
+
+@triton.jit
 def ds_tiles(dS, b, seq_q, seq_k, lo_off, hi_off, H: tl.constexpr, DS_BLOCK_N: tl.constexpr,
              BLOCK_KEYS: tl.constexpr, BLOCK_QUERIES: tl.constexpr, DS_BAND: tl.constexpr):
     """(descriptor, rows per head) of the dS path's workspace: dS^T of every (batch, head) as
@@ -531,11 +542,7 @@ def ds_tiles(dS, b, seq_q, seq_k, lo_off, hi_off, H: tl.constexpr, DS_BLOCK_N: t
     ds_workspace computes the same): a row holds only the queries its key group can see (ds_col), cols =
     DS_BAND_BLOCK - 1 + the band's width + DS_BAND_BLOCK - 1, rounded up to 8, so the workspace grows with the
     band's width, not with seq_q (tiles past cols are cut off: their queries see none of the row's keys)."""
-    rows = tl.cdiv(seq_k, DS_BLOCK_N) * DS_BLOCK_N
-    if DS_BAND:
-        cols = tl.cdiv(2 * DS_BAND_BLOCK - 1 + hi_off - lo_off, 8) * 8
-    else:
-        cols = tl.cdiv(seq_q, 8) * 8
+    rows, cols = ds_shape(seq_q, seq_k, lo_off, hi_off, DS_BLOCK_N, DS_BAND)
     desc = tl.make_tensor_descriptor(dS, shape=[(b + 1) * H * rows, cols], strides=[cols, 1],
                                      block_shape=[BLOCK_KEYS, BLOCK_QUERIES])
     return desc, rows

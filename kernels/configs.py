@@ -193,6 +193,18 @@ SM90_GLUON_FWD = [
     dict(head_dim=128, min_seq=4096, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, num_warps=4),
     dict(head_dim=64, min_seq=8192, BLOCK_N=128, STAGES=3, CONSUMER_REGS=232, num_warps=4),
 ]
+# The Gluon dK/dV (kernels/bwd_sm90.py: lse and delta through TMA, each warp group's softmax beside its other
+# product), which calls take it: jax_flash_amd/_launch.py gluon_dkdv, from min_seq queries and keys. 128 keys per
+# program, BLOCK_M queries per step; DS: on the dS path (dK/dV also stores dS^T). H200, bf16, whole backward ms,
+# Triton rows / this (h200_gluon_dkdv_sweep.json): D 128 (dS path) 16 x 1024 x 16 0.999 / 0.916, causal 0.756 /
+# 0.698; 4 x 4096 3.302 / 2.828, causal 1.935 / 1.589; 1 x 16384 13.05 / 10.88, causal 6.65 / 5.63. D 64 (seven
+# products; on the dS path 7-13 % slower) 4 x 4096 x 32 4.145 / 3.978, causal 2.365 / 2.317; 1 x 16384 16.01 /
+# 14.92, causal 8.72 / 7.98; but 16 x 1024 1.192 / 1.269, causal 0.824 / 0.979 (the Triton row runs persistent
+# there). 3 stages: within 3 % either way.
+SM90_GLUON_DKDV = [
+    dict(head_dim=128, min_seq=0, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=True, num_warps=4),
+    dict(head_dim=64, min_seq=4096, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=False, num_warps=4),
+]
 # _launch.py persistent_programs: the busiest program's work / when the tiled grid would finish, at most
 # (causal D 128 forward ms, tiled / persistent: 1 x 2048 x 16 0.083 / 0.066, whose fixed schedule is 1.47x the
 # mean work but 0.93x the tiled grid's finish (its last wave); 1 x 4096 x 16 0.198 / 0.221 and 1 x 16384 x 16

@@ -22,14 +22,14 @@ from .masking import key_blocks, tile_order
 from .scores import scores
 
 # Gluon is experimental: triton 3.9 renamed the TMA copies (3.6's names raise there); the kernel compiles with both
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 ROWS = gl.constexpr(64)  # queries per consumer warp group: wgmma's M for one warp group
 
 
 @gluon.jit
-def _tiles(T, b, seq, ROW: gl.constexpr, BLOCK_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+def tiles(T, b, seq, ROW: gl.constexpr, BLOCK_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
     """[BLOCK_ROWS, HEAD_DIM] tiles of (batch, seq, heads, HEAD_DIM) T viewed as (batch * seq, ROW), bounded at
     the end of batch element b (masking.element_tiles)."""
     layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -40,8 +40,8 @@ def _tiles(T, b, seq, ROW: gl.constexpr, BLOCK_ROWS: gl.constexpr, HEAD_DIM: gl.
 def _loads(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
            kv_row, kv_col, start, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    _tma_load(q_desc, [q_row, q_col], q_bar, q_smem.index(0))
-    _tma_load(q_desc, [q_row + ROWS, q_col], q_bar, q_smem.index(1))
+    tma_load(q_desc, [q_row, q_col], q_bar, q_smem.index(0))
+    tma_load(q_desc, [q_row + ROWS, q_col], q_bar, q_smem.index(1))
     for i in range(n_blocks):
         s = i % STAGES
         # a fresh barrier has completed no phase, and a wait for parity 1 passes: the first round waits for nothing
@@ -49,10 +49,10 @@ def _loads(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_rea
         row = kv_row + start + i * BLOCK_N
         mbarrier.wait(k_empty.index(s), phase)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [row, kv_col], k_ready.index(s), k_smem.index(s))
+        tma_load(k_desc, [row, kv_col], k_ready.index(s), k_smem.index(s))
         mbarrier.wait(v_empty.index(s), phase)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [row, kv_col], v_ready.index(s), v_smem.index(s))
+        tma_load(v_desc, [row, kv_col], v_ready.index(s), v_smem.index(s))
 
 
 @gluon.jit
@@ -136,7 +136,7 @@ def _consume(q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_emp
     out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
     q.store(out.to(q.dtype))  # Q's buffer is free: both products that read it are done
     fence_async_shared()
-    _tma_store(o_desc, [q_row + HALF * ROWS, q_col], q)
+    tma_store(o_desc, [q_row + HALF * ROWS, q_col], q)
     gl.store(Lse + lse_row + rows, gl.where(empty, float("-inf"), m + gl.log2(l_safe)), mask=rows < seq_q)
     tma.store_wait(0)
 
@@ -153,10 +153,10 @@ def attn_fwd_sm90(Q, K, V, Slopes, sm_scale, softcap, seq_q, seq_k, lo_off, hi_o
     start_m = (gl.num_programs(0) - 1 - i) * (2 * ROWS)
     b = bh // H
     h = bh % H
-    q_desc = _tiles(Q, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
-    o_desc = _tiles(Out, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
-    k_desc = _tiles(K, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
-    v_desc = _tiles(V, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
+    q_desc = tiles(Q, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
+    o_desc = tiles(Out, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
+    k_desc = tiles(K, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
+    v_desc = tiles(V, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
     q_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [2, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(K.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)

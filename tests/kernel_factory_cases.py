@@ -94,9 +94,7 @@ def case_cuda_plain_and_warp_specialised():
 def case_cuda_gluon_forward():
     """The Gluon forward (kernels/fwd_sm90.py) as _launch.forward makes it for a call that takes it: compiled as
     Gluon (no Triton layout passes) with its three partitions (12 warps) and descriptor scratch."""
-    import jax
     import jax.numpy as jnp
-    import numpy as np
 
     from jax_flash_amd import _launch
     from jax_flash_amd.rules import Band
@@ -112,11 +110,7 @@ def case_cuda_gluon_forward():
     _launch.forward(record, "sm90", q, q, q, statics=statics)
     (launch,) = launches
     assert kf.is_gluon(launch.kernel), launch.kernel
-    pointer = {jnp.dtype(jnp.bfloat16): "*bf16", jnp.dtype(jnp.float32): "*fp32"}
-    values = [*launch.args, *launch.out_shapes]
-    dtypes = [pointer[jnp.dtype(x.dtype)] if isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
-              else "fp32" if isinstance(x, np.floating) else "i32" for x in values]
-    scalars = [(i, t, values[i]) for i, t in enumerate(dtypes) if not t.startswith("*")]
+    dtypes, scalars = _signature(launch)
     fake_jax_triton(KernelWithScratch, 90)
     cuda = CUDABackend(GPUTarget("cuda", 90, 32))
     kernel, _ = call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs,
@@ -124,6 +118,58 @@ def case_cuda_gluon_forward():
     name, warps, scratch = kernel.args[0], kernel.args[1], kernel.args[7]
     assert name.startswith("attn_fwd_sm90") and warps == 12 and scratch > 0, kernel.args[:3] + kernel.args[7:]
     assert "setmaxnreg" in kernel.args[4], "the partitions' register split"
+
+
+def _signature(launch):
+    """(dtypes, scalars) of a recorded _launch.Launch, as the factory takes them."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    pointer = {jnp.dtype(jnp.bfloat16): "*bf16", jnp.dtype(jnp.float32): "*fp32"}
+    values = [*launch.args, *launch.out_shapes]
+    dtypes = [pointer[jnp.dtype(x.dtype)] if isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
+              else "fp32" if isinstance(x, np.floating) else "i32" for x in values]
+    return dtypes, [(i, t, values[i]) for i, t in enumerate(dtypes) if not t.startswith("*")]
+
+
+def case_cuda_gluon_dkdv():
+    """The Gluon dK/dV (kernels/bwd_sm90.py) as _launch.backward makes it where _launch.gluon_dkdv holds: 128-key
+    blocks, on the dS path at D 128 (its workspace in 128-key rows, what attn_bwd_dq_ds reads) and on seven products
+    at D 64; compiled as Gluon with its three partitions (12 warps) and descriptor scratch."""
+    import jax.numpy as jnp
+
+    from jax_flash_amd import _launch
+    from jax_flash_amd.rules import Band
+
+    from jax_flash_amd.kernels import configs
+
+    fake_jax_triton(KernelWithScratch, 90)
+    cuda = CUDABackend(GPUTarget("cuda", 90, 32))
+    configs.SM90_GLUON_DKDV = [dict(row, min_seq=0) for row in configs.SM90_GLUON_DKDV]  # this process's last use
+    for d, kernels in ((128, ["attn_bwd_dkdv_sm90", "attn_bwd_dq_ds"]), (64, ["attn_bwd_dq", "attn_bwd_dkdv_sm90"])):
+        launches = []
+
+        def record(launch):
+            launches.append(launch)
+            return tuple(jnp.zeros(s.shape, s.dtype) for s in launch.out_shapes)
+
+        q = jnp.zeros((2, 301, 4, d), jnp.bfloat16)
+        lse = jnp.zeros((2, 4, 301), jnp.float32)
+        statics = _launch.Statics(d ** -0.5, Band.of(True, (-1, -1), 301, 301))
+        _launch.backward(record, "sm90", q, q, q, q, lse, q, lse, statics=statics)
+        assert [one.kernel.__name__ for one in launches] == kernels, launches
+        (launch,) = [one for one in launches if kf.is_gluon(one.kernel)]
+        assert launch.grid == (3, 8) and launch.compile_options == {"num_warps": 4}, launch
+        assert launch.constexprs["DS"] == (d == 128) and not launch.constexprs["EVEN"], launch.constexprs
+        params = _launch._params(launch.kernel)  # lse and delta padded to 16-byte rows, for their TMA tiles
+        assert launch.args[params.index("lse_len")] == 304 and launch.args[params.index("Lse")].shape == (2, 4, 304)
+        if d == 128:
+            assert launch.out_shapes[2].shape == _launch.ds_workspace(2, 4, 301, 301, 128, statics.band)
+        dtypes, scalars = _signature(launch)
+        kernel, _ = call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs, num_warps=4)
+        name, warps, scratch = kernel.args[0], kernel.args[1], kernel.args[7]
+        assert name.startswith("attn_bwd_dkdv_sm90") and warps == 12 and scratch > 0, kernel.args[:3] + kernel.args[7:]
 
 
 def case_amd_options_and_pointer_range():

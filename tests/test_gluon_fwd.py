@@ -39,17 +39,21 @@ CASES = {
 }
 
 
-def _case(name):
+def with_defaults(case):
     return {**dict(b=2, h=4, h_kv=4, d=128, dtype=jnp.bfloat16, causal=False, window=(-1, -1), softcap=0.0,
-                   alibi=False, real_rows=False), **CASES[name]}
+                   alibi=False, real_rows=False), **case}
+
+
+def _case(name):
+    return with_defaults(CASES[name])
 
 
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_gluon_forward(name, monkeypatch):
-    """The forward through the Gluon kernel (checked: it ran), the backward through the Triton kernels from its
-    lse, against float64. Below a row's min_seq the rows are lowered to 0 (short sequences, cheap references),
+    """The forward through the Gluon kernel (checked: it ran), the backward from its lse through the default kernels
+    (the Gluon dK/dV too where _launch.gluon_dkdv holds), against float64. Below a row's min_seq the rows are lowered to 0 (short sequences, cheap references),
     except for the "long" cases, which take the shipped rows as they are."""
     c = _case(name)
     if c["real_rows"]:
@@ -57,9 +61,16 @@ def test_gluon_forward(name, monkeypatch):
     else:
         monkeypatch.setattr(configs, "SM90_GLUON_FWD", [dict(row, min_seq=0) for row in configs.SM90_GLUON_FWD])
         monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
+    kernels = run_case(c, seed=23)
+    assert kernels[0] == "attn_fwd_sm90", kernels
+
+
+def run_case(c, seed):
+    """Case c (_case) through _launch's forward and backward on the GPU, the rows as the caller set them, against
+    float64; the kernels it launched."""
     b, h, d = c["b"], c["h"], c["d"]
-    q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), c["dtype"], seed=23)
-    slopes = jax.random.uniform(jax.random.key(3), (b, h), jnp.float32, 0.01, 0.5) if c["alibi"] else None
+    q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), c["dtype"], seed=seed)
+    slopes = jax.random.uniform(jax.random.key(seed), (b, h), jnp.float32, 0.01, 0.5) if c["alibi"] else None
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]), softcap=c["softcap"])
     kernels = []
 
@@ -68,12 +79,12 @@ def test_gluon_forward(name, monkeypatch):
         return _triton.run(launch)
 
     got = jax.jit(fwd_bwd_through(run, _triton.target(), statics))(q, k, v, dout, dlse, Operands(slopes=slopes))
-    assert kernels[0] == "attn_fwd_sm90", kernels
     ref = oracle.attention(q, k, v, dout, dlse, causal=c["causal"], window=c["window"], softcap=c["softcap"],
                            alibi=slopes)
     base = run_impl("xla", q, k, v, dout, dlse, causal=c["causal"], window_size=c["window"], softcap=c["softcap"],
                     alibi_slopes=slopes)
     assert_close(got, ref, base, c["dtype"])
+    return kernels
 
 
 @pytest.mark.gpu
@@ -81,6 +92,12 @@ def test_gluon_forward(name, monkeypatch):
 def test_gluon_forward_through_the_api(monkeypatch):
     """jax_flash_amd.attention under jit and grad, at the rows' lengths: the Gluon kernel runs (recorded), the result
     against float64."""
+    assert "attn_fwd_sm90" in through_the_api(monkeypatch, (1, 4096, 4, 128), seed=5)
+
+
+def through_the_api(monkeypatch, shape, seed):
+    """The kernels a causal bf16 jax_flash_amd.attention call of that shape launches under jit and grad, its result
+    checked against float64."""
     names, launch = [], _triton.run
 
     def record(one):
@@ -88,16 +105,18 @@ def test_gluon_forward_through_the_api(monkeypatch):
         return launch(one)
 
     monkeypatch.setattr(_triton, "run", record)
-    q, k, v, dout, dlse = inputs((1, 4096, 4, 128), (1, 4096, 4, 128), jnp.bfloat16, seed=5)
+    q, k, v, dout, dlse = inputs(shape, shape, jnp.bfloat16, seed=seed)
     got = run_impl("triton", q, k, v, dout, dlse, causal=True)
-    assert "attn_fwd_sm90" in names, names
     ref = oracle.attention(q, k, v, dout, dlse, causal=True)
     base = run_impl("xla", q, k, v, dout, dlse, causal=True)
     assert_close(got, ref, base, jnp.bfloat16)
+    return names
 
 
-def _takes(monkeypatch, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 8192, 16, 128), kv_heads=16, seq_k=None,
-           dtype=jnp.bfloat16, target="sm90", dropout=0.0, rows=None, causal=True, window=(-1, -1), **extras):
+def takes(monkeypatch, rule, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 8192, 16, 128), kv_heads=16,
+          seq_k=None, dtype=jnp.bfloat16, target="sm90", dropout=0.0, rows=None, causal=True, window=(-1, -1),
+          alibi=False, segments=False, positions=False):
+    """The head dim of the row `rule` (_launch.gluon_forward or gluon_dkdv) picks for such a call, or None."""
     monkeypatch.setattr(_launch, "interpreted", lambda: interpreted)
     monkeypatch.setattr(_jax_triton_compat, "versions", lambda: {"jax-triton": jax_triton, "triton": (3, 6, 0),
                                                                  "jax": (0, 11, 2)})
@@ -105,11 +124,18 @@ def _takes(monkeypatch, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 8192,
     seq_k = shape[1] if seq_k is None else seq_k
     k = jax.ShapeDtypeStruct((shape[0], seq_k, kv_heads, shape[3]), dtype)
     statics = _launch.Statics(shape[3] ** -0.5, Band.of(causal, window, shape[1], seq_k), dropout_p=dropout)
-    row = _launch.gluon_forward(target, q, k, statics, dataclasses.replace(Operands(), **extras), rows)
+    extras = {}
+    if alibi:
+        extras["slopes"] = jnp.zeros((shape[0], shape[2]), jnp.float32)
+    if segments:
+        extras["q_segment_ids"] = extras["kv_segment_ids"] = jnp.zeros(shape[:2], jnp.int32)
+    if positions:
+        extras["positions"] = jnp.zeros((shape[0], 3), jnp.int32)
+    row = rule(target, q, k, statics, dataclasses.replace(Operands(), **extras), rows)
     return None if row is None else row["head_dim"]
 
 
-@pytest.mark.parametrize("case, takes", [
+@pytest.mark.parametrize("case, head", [
     (dict(), 128),
     (dict(shape=(2, 8192, 32, 64)), 64),
     (dict(shape=(2, 4096, 32, 64)), None),  # D 64 from 8192 queries
@@ -136,16 +162,8 @@ def _takes(monkeypatch, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 8192,
     (dict(interpreted=True), None),  # Triton's interpreter cannot run Gluon
     (dict(jax_triton=(0, 4, 1)), None),  # launches the requested 4 warps, not the compiled 12
 ])
-def test_which_calls_take_the_gluon_forward(case, takes, monkeypatch):
-    case = dict(case)
-    extras = {}
-    if case.pop("alibi", False):
-        extras["slopes"] = jnp.zeros((1, 16), jnp.float32)
-    if case.pop("segments", False):
-        extras["q_segment_ids"] = extras["kv_segment_ids"] = jnp.zeros((1, 8192), jnp.int32)
-    if case.pop("positions", False):
-        extras["positions"] = jnp.zeros((1, 3), jnp.int32)
-    assert _takes(monkeypatch, **case, **extras) == takes
+def test_which_calls_take_the_gluon_forward(case, head, monkeypatch):
+    assert takes(monkeypatch, _launch.gluon_forward, **case) == head
 
 
 def test_every_gluon_row_is_within_the_kernels_limits():

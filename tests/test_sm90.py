@@ -2,7 +2,8 @@
 or a tuning candidate, run on the GPU against float64 (ragged and whole blocks, two batch elements, the
 variants that take the path): some TMA / warp-specialised tiles of Triton 3.6 compute NaN or hang, so none
 may ship unchecked (GPU only). In Triton's interpreter (CPU): the TMA code path itself, at interpreter-sized
-tiles, against float64. On any machine: which calls may take those rows (_launch._takes_tma)."""
+tiles, against float64. On any machine: which calls may take those rows (_launch._takes_tma). The Gluon kernels
+that long sm90 calls take in their place are off here (test_gluon_fwd.py, test_gluon_bwd.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,6 +25,14 @@ from jax_flash_amd.kernels.masking import persistent_rounds, persistent_tile, ti
 from jax_flash_amd.rules import Band
 
 KERNELS = ("fwd", "dkdv", "dq", "dqds")
+
+
+@pytest.fixture(autouse=True)
+def _triton_rows_only(monkeypatch):
+    """The Triton rows, where a compiled sm90 call would take the Gluon forward or dK/dV (_launch.gluon_forward,
+    gluon_dkdv) by default. (Processes these tests start take the shipped kernels, Gluon's included.)"""
+    monkeypatch.setattr(configs, "SM90_GLUON_FWD", [])
+    monkeypatch.setattr(configs, "SM90_GLUON_DKDV", [])
 ROWS = []  # (kernel, row): the TMA rows, and the dS path's dQ rows (TMA descriptors too)
 for _kernel in KERNELS:
     for _row in configs.TARGETS["sm90"][_kernel] + configs.CANDIDATES["sm90"].get(_kernel, []):

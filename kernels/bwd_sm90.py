@@ -1,0 +1,235 @@
+"""Hopper dK/dV in Gluon: the backward's key-block loop with explicit barriers, so that lse and delta arrive through
+TMA beside q and dO (Triton 3.6's own warp specialisation raced on a third TMA tile per iteration and had to take
+them through pointers: benchmarks/results/NOTES.md, "Tenth" to "Twelfth session"), and each warp group's softmax
+runs while its other product is on the tensor cores.
+
+Same contract as bwd.attn_bwd_dkdv's TMA rows (layout, GQA, bands, softcap, ALiBi; Lse in base 2, Delta from the
+caller; DS: dS^T also to the dS path's workspace, bwd.ds_tiles' layout) for 16-bit inputs with a head of 64 or 128
+and no segment ids, dropout or positions: which calls take it is jax_flash_amd/_launch.py gluon_dkdv. The scores
+and the mask are scores.py's and masking.py's, called from here.
+
+One program per (128 keys, batch element, key/value head), in masking.tile_order's order, three partitions:
+- a load warp: the key block's K and V once, then for each query block (of each query head reading this key/value
+  head) q, dO, lse and delta through a ring of STAGES buffers (TMA, mbarriers ready / empty);
+- two consumer warp groups, 64 keys each. Per query block: S^T = K q^T and dP^T = V dO^T issued together; once S^T
+  is in, P^T = exp2(S^T - lse) runs while dP^T is computed; dV += P^T dO is issued, and dS^T = P^T (dP^T - delta)
+  runs beside it; dK += dS^T q is issued and left in flight until the next block's S^T is in.
+Descriptors are bounded at the end of the program's batch element (masking.element_tiles' rule)."""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+from .bwd import ds_col, ds_shape
+from .configs import TILED_GROUP_PROGRAMS
+from .fwd_sm90 import ROWS, tiles, tma_load, tma_store
+from .masking import query_blocks, tile_order
+from .scores import scores
+
+
+@gluon.jit
+def _rows(T, n, BLOCK_M: gl.constexpr):
+    """[BLOCK_M] fp32 tiles of the flat (batch * heads * lse_len) T (Lse, Delta), n elements long: a row past a
+    head's seq_q reads padding or the next head's value, which only masked (P = 0) rows see."""
+    layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+    return tma.make_tensor_descriptor(T, [n], [1], [BLOCK_M], layout)
+
+
+@gluon.jit
+def _query_block(i, begin, kv_h, GROUP: gl.constexpr, BLOCK_M: gl.constexpr):
+    """(query head, first query) of iteration i: the GROUP heads of key/value head kv_h innermost."""
+    return kv_h * GROUP + i % GROUP, begin + (i // GROUP) * BLOCK_M
+
+
+@gluon.jit
+def _loads(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
+           delta_smem, kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, begin, n_iters, seq_q, lse_len,
+           H: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+           STAGES: gl.constexpr):
+    mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
+    for half in gl.static_range(2):
+        tma_load(k_desc, [kv_row + half * ROWS, kv_col], kv_bar, k_smem.index(half))
+        tma_load(v_desc, [kv_row + half * ROWS, kv_col], kv_bar, v_smem.index(half))
+    for i in range(n_iters):
+        s = i % STAGES
+        # a fresh barrier has completed no phase, and a wait for parity 1 passes: the first round waits for nothing
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        h, start_m = _query_block(i, begin, kv_h, GROUP, BLOCK_M)
+        row = b * seq_q + start_m
+        flat = (b * H + h) * lse_len + start_m
+        mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
+        tma_load(q_desc, [row, h * HEAD_DIM], q_ready.index(s), q_smem.index(s))
+        tma_load(lse_desc, [flat], q_ready.index(s), lse_smem.index(s))
+        mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+        tma_load(do_desc, [row, h * HEAD_DIM], do_ready.index(s), do_smem.index(s))
+        tma_load(delta_desc, [flat], do_ready.index(s), delta_smem.index(s))
+
+
+@gluon.jit
+def _probs(st, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, lse,
+           BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+    """(P^T, dlogit) of an S^T tile (bwd._dkdv_tile's), lse [1, BLOCK_M] as _seen gives it."""
+    diag = seq_k - seq_q
+    if MAY_MASK:
+        if masked:
+            s, scale2, dlogit = scores(st, q_idx, k_idx, 0, 0, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
+                                       slope, MASKED=True, BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP,
+                                       ALIBI=ALIBI)
+        else:
+            s, scale2, dlogit = scores(st, q_idx, k_idx, 0, 0, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
+                                       slope, MASKED=False, BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP,
+                                       ALIBI=ALIBI)
+    else:
+        s, scale2, dlogit = scores(st, q_idx, k_idx, 0, 0, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
+                                   slope, MASKED=False, BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+    return gl.exp2(s * scale2 - lse), dlogit
+
+
+@gluon.jit
+def _consume(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc, dv_desc, ds_desc, Slopes,
+             kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin, full_end, n_iters,
+             ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, HALF: gl.constexpr, H: gl.constexpr,
+             GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+             BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+             DS: gl.constexpr, DS_BAND: gl.constexpr):
+    """Keys [start_n + HALF * ROWS, + ROWS): dK and dV over the program's query blocks, masked outside
+    [full_begin, full_end)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    k = k_smem.index(HALF)
+    v = v_smem.index(HALF)
+    dtype: gl.constexpr = k.dtype
+    k_idx = gl.expand_dims(start_n + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout)), 1)
+    m_range = gl.arange(0, BLOCK_M, layout=col_layout)
+    zeros = gl.zeros([ROWS, BLOCK_M], gl.float32, s_layout)
+    dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
+    slope = 0.0
+    mbarrier.wait(kv_bar, 0)
+    for i in range(n_iters):
+        s = i % STAGES
+        phase = (i // STAGES) & 1
+        h, start_m = _query_block(i, begin, kv_h, GROUP, BLOCK_M)
+        q = q_smem.index(s)
+        do = do_smem.index(s)
+        mbarrier.wait(q_ready.index(s), phase)
+        st = warpgroup_mma(k, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(s), phase)
+        dpt = warpgroup_mma(v, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=(st,))  # S^T is in, dP^T runs on
+        if ALIBI:
+            slope = gl.load(Slopes + b * H + h)
+        lse = lse_smem.index(s).load(col_layout)
+        lse = gl.where(lse == float("-inf"), float("inf"), lse)  # bwd._seen: rows that see no key get P = 0
+        q_idx = gl.expand_dims(start_m + m_range, 0)
+        p, dlogit = _probs(st, q_idx, k_idx, (start_m < full_begin) | (start_m >= full_end), seq_q, seq_k, lo_off,
+                           hi_off, sm_scale, softcap, slope, gl.expand_dims(lse, 0), BANDED, MAY_MASK, SOFTCAP, ALIBI)
+        pb = gl.convert_layout(p.to(dtype), op_layout)
+        dv = warpgroup_mma(pb, do, dv, is_async=True)
+        dpt, pb = warpgroup_mma_wait(1, deps=(dpt, pb))
+        delta = delta_smem.index(s).load(col_layout)
+        ds = p * (dpt - gl.expand_dims(delta, 0))
+        if SOFTCAP:
+            ds = ds * dlogit  # through softcap's tanh
+        dsb = ds.to(dtype)
+        if DS:
+            tma.store_wait(0)  # the previous block's dS^T has left the staging buffer
+            ds_smem.store(dsb)
+            fence_async_shared()
+            tma_store(ds_desc, [(b * H + h) * ds_rows + start_n + HALF * ROWS, ds_col(start_m, start_n, hi_off,
+                                                                                      DS_BAND)], ds_smem)
+        dsb = gl.convert_layout(dsb, op_layout)
+        dk = warpgroup_mma(dsb, q, dk, is_async=True)
+        # waited here, not after the next block's S^T: dK in flight across blocks serialised every product (ptxas
+        # C7512, registers; the other group's products fill the tensor cores meanwhile)
+        dv, dk, dsb = warpgroup_mma_wait(0, deps=(dv, dk, dsb))
+        mbarrier.arrive(empty.index(s))
+    # K's and V's buffers are free now (this group's products are done): dK and dV leave through them
+    k.store((dk * sm_scale).to(dtype))
+    v.store(dv.to(dtype))
+    fence_async_shared()
+    tma_store(dk_desc, [kv_row + HALF * ROWS, kv_col], k)
+    tma_store(dv_desc, [kv_row + HALF * ROWS, kv_col], v)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def attn_bwd_dkdv_sm90(Q, K, V, Slopes, dOut, Lse, Delta, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, lse_len,
+                       dK, dV, dS, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                       STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                       EVEN: gl.constexpr, DS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                       DS_BAND: gl.constexpr = False, GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS):
+    """bwd.attn_bwd_dkdv's arguments of the same names; grid (cdiv(seq_k, 128), batch * KV_H). Lse and Delta are
+    (batch, H, lse_len), lse_len a multiple of 4: a TMA tile must start 16-byte aligned (one that did not stopped
+    the H200 with an illegal instruction), so the caller pads them where seq_q is not. EVEN: seq_q a
+    multiple of BLOCK_M and seq_k of 128 (else the ragged blocks are masked). dS: the workspace (DS; bwd.ds_tiles
+    with 128-key rows), else a placeholder. CONSUMER_REGS: registers per thread of the second consumer group."""
+    BLOCK_N: gl.constexpr = 2 * ROWS
+    GROUP: gl.constexpr = H // KV_H
+    i, bh = tile_order(BANDED, GROUP_PROGRAMS)
+    start_n = i * BLOCK_N  # causal: key block 0 sees the most queries, and goes first
+    b = bh // KV_H
+    kv_h = bh % KV_H
+    k_desc = tiles(K, b, seq_k, KV_H * HEAD_DIM, ROWS, HEAD_DIM)
+    v_desc = tiles(V, b, seq_k, KV_H * HEAD_DIM, ROWS, HEAD_DIM)
+    dk_desc = tiles(dK, b, seq_k, KV_H * HEAD_DIM, ROWS, HEAD_DIM)
+    dv_desc = tiles(dV, b, seq_k, KV_H * HEAD_DIM, ROWS, HEAD_DIM)
+    q_desc = tiles(Q, b, seq_q, H * HEAD_DIM, BLOCK_M, HEAD_DIM)
+    do_desc = tiles(dOut, b, seq_q, H * HEAD_DIM, BLOCK_M, HEAD_DIM)
+    lse_desc = _rows(Lse, (b + 1) * H * lse_len, BLOCK_M)
+    delta_desc = _rows(Delta, (b + 1) * H * lse_len, BLOCK_M)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    ds_rows = 0
+    ds_desc = k_desc  # a placeholder where not DS (never stored to)
+    if DS:
+        ds_rows, ds_cols = ds_shape(seq_q, seq_k, lo_off, hi_off, BLOCK_N, DS_BAND)
+        ds_desc = tma.make_tensor_descriptor(dS, [(b + 1) * H * ds_rows, ds_cols], [ds_cols, 1], [ROWS, BLOCK_M],
+                                             ds_layout)
+    dtype: gl.constexpr = Q.dtype.element_ty
+    k_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], lse_desc.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [2 if DS else 1, ROWS, BLOCK_M], ds_layout)
+    bar: gl.constexpr = mbarrier.MBarrierLayout()
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], bar)
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
+    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
+    mbarrier.init(kv_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(s), count=1)
+        mbarrier.init(do_ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # released by both consumer groups
+    fence_async_shared()
+
+    begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, 0, b, BLOCK_M, BLOCK_N,
+                                                    BANDED, False)
+    n_iters = gl.cdiv(end - begin, BLOCK_M) * GROUP
+    MAY_MASK: gl.constexpr = BANDED or not EVEN
+    kv_row = b * seq_k + start_n
+    kv_col = kv_h * HEAD_DIM
+    gl.warp_specialize([
+        (_consume, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem.index(0), dk_desc, dv_desc,
+                    ds_desc, Slopes, kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin,
+                    full_begin, full_end, n_iters, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, 0, H,
+                    GROUP, HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DS, DS_BAND)),
+        (_consume, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem.index(1 if DS else 0), dk_desc,
+                    dv_desc, ds_desc, Slopes, kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n,
+                    begin, full_begin, full_end, n_iters, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, 1,
+                    H, GROUP, HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DS, DS_BAND)),
+        (_loads, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
+                  delta_smem, kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, begin, n_iters, seq_q,
+                  lse_len, H, GROUP, HEAD_DIM, BLOCK_M, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, 24])
+    mbarrier.invalidate(kv_bar)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(q_ready.index(s))
+        mbarrier.invalidate(do_ready.index(s))
+        mbarrier.invalidate(empty.index(s))

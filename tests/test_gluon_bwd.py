@@ -1,0 +1,92 @@
+"""The Gluon dK/dV (kernels/bwd_sm90.py): on the H200 against float64 for every variant it takes, on the dS path and
+on seven products (GPU only; Gluon does not run in Triton's interpreter); on any machine, which calls take it
+(_launch.gluon_dkdv). What _launch.backward launches with it, compiled for sm90 on the CPU:
+tests/kernel_factory_cases.py case_cuda_gluon_dkdv."""
+
+import jax.numpy as jnp
+import pytest
+
+from helpers import ON_GPU
+from jax_flash_amd import _launch
+from jax_flash_amd.kernels import configs
+from test_gluon_fwd import CASES as FWD_CASES, run_case, takes, through_the_api, with_defaults
+
+# the forward's cases (ragged blocks of b 2, cross lengths both ways, rows that see no key, GQA, ALiBi, windows,
+# softcap, D 64, fp16), each on the path its head takes by default, and the other way
+CASES = {name: c for name, c in FWD_CASES.items() if not c.get("real_rows")}
+CASES.update({
+    "seven-products": dict(sq=300, sk=300, causal=True, ds=False),
+    "seven-products-gqa-alibi": dict(sq=300, sk=300, causal=True, h_kv=2, alibi=True, ds=False),
+    "d64-ds": dict(sq=300, sk=300, causal=True, d=64, ds=True),
+    "d64-ds-window": dict(sq=700, sk=700, window=(100, 37), d=64, ds=True),
+    "whole-blocks": dict(sq=512, sk=512),  # the unmasked loop (EVEN)
+    "gqa-whole-causal": dict(sq=512, sk=512, causal=True, h_kv=1),
+    "banded-workspace": dict(sq=1100, sk=1100, window=(150, 0)),  # bwd.ds_shape's DS_BAND layout
+})
+
+
+def _case(name):
+    return {"ds": None, **with_defaults(CASES[name])}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_gluon_dkdv(name, monkeypatch):
+    """The backward with dK/dV through the Gluon kernel (checked: it ran), the forward through the Triton rows,
+    against float64, the rows' min_seq lowered to 0. ds: the row's DS forced either way (None: the shipped row's).
+    seq_q 50 and 333: lse and delta padded to aligned rows (_launch._dkdv_gluon)."""
+    c = _case(name)
+    monkeypatch.setattr(configs, "SM90_GLUON_FWD", [])
+    monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
+    ds = {} if c["ds"] is None else {"DS": c["ds"]}
+    monkeypatch.setattr(configs, "SM90_GLUON_DKDV", [dict(r, min_seq=0, **ds) for r in configs.SM90_GLUON_DKDV])
+    kernels = run_case(c, seed=29)
+    assert "attn_bwd_dkdv_sm90" in kernels, kernels
+    ds = c["ds"] if c["ds"] is not None else next(r["DS"] for r in configs.SM90_GLUON_DKDV if r["head_dim"] == c["d"])
+    assert ("attn_bwd_dq_ds" in kernels) == ds, kernels
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_gluon_dkdv_through_the_api(monkeypatch):
+    """jax_flash_amd.attention under jit and grad: the Gluon dK/dV runs (recorded), the result against float64."""
+    assert "attn_bwd_dkdv_sm90" in through_the_api(monkeypatch, (2, 1000, 4, 128), seed=6)
+
+
+@pytest.mark.parametrize("case, head", [
+    (dict(), 128),
+    (dict(shape=(2, 300, 16, 128)), 128),  # D 128 at any length, ragged too
+    (dict(shape=(2, 4096, 32, 64)), 64),
+    (dict(shape=(4, 2048, 32, 64)), None),  # D 64 from 4096: the Triton row runs persistent below
+    (dict(dtype=jnp.float16), 128),
+    (dict(alibi=True), 128),
+    (dict(causal=False), 128),
+    (dict(window=(4096, 0)), 128),  # wide: one-sided in effect
+    (dict(window=(1024, 0), shape=(1, 8192, 16, 128)), None),  # narrow windows: the Triton rows
+    (dict(shape=(1, 1024, 16, 256)), None),  # no row for the head
+    (dict(shape=(1, 1024, 16, 96)), None),  # not a whole 16-bit tile
+    (dict(dtype=jnp.float32), None),
+    (dict(dropout=0.1), None),
+    (dict(segments=True), None),
+    (dict(positions=True), None),
+    (dict(rows={"dkdv": {"BLOCK_M": 64}}), None),  # an explicit row (autotuning, the rows sweep): Triton's
+    (dict(rows={"fwd": {"BLOCK_M": 64}}), 128),  # another kernel's row
+    (dict(target="cuda"), None),
+    (dict(target="gfx942"), None),
+    (dict(interpreted=True), None),
+    (dict(jax_triton=(0, 4, 1)), None),
+])
+def test_which_calls_take_the_gluon_dkdv(case, head, monkeypatch):
+    assert takes(monkeypatch, _launch.gluon_dkdv, **{"shape": (1, 1024, 16, 128), **case}) == head
+
+
+def test_every_gluon_dkdv_row_is_within_the_kernels_limits():
+    """Rows as data, checked: one per head dim the kernel takes, within its shared memory."""
+    dims = [row["head_dim"] for row in configs.SM90_GLUON_DKDV]
+    assert sorted(dims) == [64, 128], dims
+    for row in configs.SM90_GLUON_DKDV:
+        d, bm = row["head_dim"], row["BLOCK_M"]
+        tiles = (2 * 128 * d + 2 * row["STAGES"] * bm * d + 2 * 64 * bm) * 2  # K, V; q, dO ring; dS^T staging
+        assert tiles <= 227 * 1024, row
+        assert bm in (64, 128) and row["num_warps"] == 4 and 24 < row["CONSUMER_REGS"] <= 256, row
