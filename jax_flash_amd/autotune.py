@@ -97,7 +97,10 @@ def rows_for(run, target: str, q, k, statics: _launch.Statics, kernels: tuple[st
     if not _enabled:
         return None
     rows = {}
+    gluon = {"fwd": _launch.gluon_forward, "dkdv": _launch.gluon_dkdv}
     for kernel in kernels:
+        if kernel in gluon and gluon[kernel](target, q, k, statics, extras, rows) is not None:
+            continue  # the call takes a Gluon kernel (sm90), faster than the Triton candidates: left untuned
         if kernel in ("dq", "dqds") and (kernel == "dqds") != bool(_launch.ds_heads(target, q, k, statics, extras,
                                                                                      rows=rows)):
             continue  # the backward this call runs (seven products, or the dS path) does not launch it

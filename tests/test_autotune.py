@@ -156,12 +156,17 @@ def test_tunes_on_the_calls_band(impl, tuning, monkeypatch):
     assert {key[4:6] for key in set(autotune.table()) - keys} == {("", (-1, 0))}
 
 
-def test_tunes_the_dq_kernel_of_the_path_the_call_takes(monkeypatch):
+@pytest.mark.parametrize("compiled", [False, True], ids=["interpreted", "compiled"])
+def test_tunes_the_dq_kernel_of_the_path_the_call_takes(compiled, monkeypatch):
     """On sm90 (D 128, bf16) a plain backward takes the dS path ("dqds"); with segment ids dK/dV takes its
-    pointer row and the seven products ("dq"): that is the dQ kernel tuned (no GPU: the tuning is faked)."""
+    pointer row and the seven products ("dq"): that is the dQ kernel tuned (no GPU: the tuning is faked). Compiled
+    (jax-triton 0.3.x), a plain call's dK/dV and long forward are the Gluon kernels: not tuned."""
     import jax
-    from jax_flash_amd import _launch
+    from jax_flash_amd import _jax_triton_compat, _launch
     from jax_flash_amd.operands import Operands
+    monkeypatch.setattr(_launch, "interpreted", lambda: not compiled)
+    monkeypatch.setattr(_jax_triton_compat, "versions", lambda: {"jax-triton": (0, 3, 1), "triton": (3, 6, 0),
+                                                                 "jax": (0, 11, 2)})
     tuned = []
 
     def fake(run_, target, kernel, q, k, statics, chosen):
@@ -177,8 +182,9 @@ def test_tunes_the_dq_kernel_of_the_path_the_call_takes(monkeypatch):
         for extras, dq in ((Operands(), "dqds"), (Operands(q_segment_ids=ids, kv_segment_ids=ids), "dq")):
             autotune.forget()
             tuned.clear()
-            autotune.rows_for(None, "sm90", q, q, statics, ("dkdv", "dq", "dqds"), extras)
-            assert tuned == ["dkdv", dq]
+            autotune.rows_for(None, "sm90", q, q, statics, ("fwd", "dkdv", "dq", "dqds"), extras)
+            gluon = compiled and extras.q_segment_ids is None
+            assert tuned == ([] if gluon else ["fwd", "dkdv"]) + [dq], tuned
 
 
 def test_every_target_keyed_table_knows_every_target():
