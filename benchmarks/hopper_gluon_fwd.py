@@ -27,8 +27,9 @@ def _row(D, **change):
 
 
 def _constexprs(H, D, causal, row):
-    return dict(H=H, KV_H=H, HEAD_DIM=D, BANDED=int(causal), SOFTCAP=False, ALIBI=False, KEYS_EVEN=True,
-                GROUP_PROGRAMS=configs.TILED_GROUP_PROGRAMS, **{k: v for k, v in row.items() if k.isupper()})
+    return {**dict(H=H, KV_H=H, HEAD_DIM=D, BANDED=int(causal), SOFTCAP=False, ALIBI=False, DROP_THRESHOLD=0,
+                   KEYS_EVEN=True, GROUP_PROGRAMS=configs.TILED_GROUP_PROGRAMS),
+            **{k: v for k, v in row.items() if k.isupper()}}
 
 
 def cross_compile(D, H=16, causal=False, **change):
@@ -38,8 +39,9 @@ def cross_compile(D, H=16, causal=False, **change):
     from jax_flash_amd import _kernel_factory
     from jax_flash_amd.amd_report import _cuda_stats
 
-    names = ["Q", "K", "V", "Slopes", "sm_scale", "softcap", "seq_q", "seq_k", "lo_off", "hi_off", "Out", "Lse"]
-    kinds = ["*bf16"] * 3 + ["*fp32", "fp32", "fp32", "i32", "i32", "i32", "i32", "*bf16", "*fp32"]
+    names = ["Q", "K", "V", "Slopes", "Seeds", "sm_scale", "softcap", "keep_scale", "seq_q", "seq_k", "lo_off",
+             "hi_off", "Out", "Lse"]
+    kinds = ["*bf16"] * 3 + ["*fp32", "*i32", "fp32", "fp32", "fp32", "i32", "i32", "i32", "i32", "*bf16", "*fp32"]
     const = _constexprs(H, D, causal, _row(D, **change))
     sig = {**dict(zip(names, kinds)), **dict.fromkeys(const, "constexpr")}
     out = triton.compile(_kernel_factory.source(fwd_sm90.attn_fwd_sm90, sig, const, {}),
@@ -57,7 +59,7 @@ def attention(q, k, v, causal=False, **change):
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     hi_off = 0 if causal else 2**30
     fwd_sm90.attn_fwd_sm90[(triton.cdiv(N, 128), B * H)](
-        q, k, v, lse, D ** -0.5, 0.0, N, N, -2**30, hi_off, out, lse, num_warps=4,
+        q, k, v, lse, lse, D ** -0.5, 0.0, 1.0, N, N, -2**30, hi_off, out, lse, num_warps=4,
         **_constexprs(H, D, causal, _row(D, **change)))
     return out, lse
 

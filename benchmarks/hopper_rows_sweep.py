@@ -7,7 +7,7 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
                                                                    # d128seven, edges, bm256, dropoutds, dropoutfwd,
                                                                    # ds16k, dropouttma, dropoutwindow, dropoutfwd64,
                                                                    # windowds, d64ws, windowbanded, gluon, gluon8k,
-                                                                   # gluonwindow, gluonbwd
+                                                                   # gluonwindow, gluonbwd, gluondropout
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -67,6 +67,8 @@ def _gluon_dkdv(**change):
 # path or seven products, 3 stages, 128-query steps
 GLUON_DKDV = {"dkdv": [dict(_limits=dict(SM90_GLUON_DKDV=[])), _gluon_dkdv(STAGES=3), _gluon_dkdv(DS=False),
                        _gluon_dkdv(DS=True)]}
+# dropout through the Gluon kernels (their rows' `dropout` on) against the Triton rows it takes by default
+GLUON_DROPOUT = {"fwd": [_gluon(dropout=True)], "dkdv": [_gluon_dkdv(dropout=True)], "_dropout": 0.1}
 
 D64 = {
     "fwd": [_row(64, 128, 64, 4, 2, ws=True), _row(64, 128, 128, 4, 2, ws=True)],
@@ -256,6 +258,9 @@ SETS = {
               for n in (1024, 2048, 4096, 16384) for causal in (False, True)],
     "gluonbwd": [((16384 // n, n, h, d), causal, (-1, -1), GLUON_DKDV) for n in (4096, 16384, 1024)
                  for d, h in ((128, 16), (64, 32)) for causal in (False, True)],
+    "gluondropout": [((4, 4096, 16, 128), causal, (-1, -1), GLUON_DROPOUT) for causal in (False, True)]
+                    + [((1, 16384, 16, 128), False, (-1, -1), GLUON_DROPOUT), ((4, 4096, 32, 64), True, (-1, -1),
+                                                                                GLUON_DROPOUT)],
     "gluon8k": [((2, 8192, h, d), causal, (-1, -1), dict(fwd=GLUON["fwd"][:2])) for d, h in ((128, 16), (64, 32))
                 for causal in (False, True)],
     "gluonwindow": [((1, 16384, 16, 128), w[1] == 0, w, dict(fwd=GLUON["fwd"][:2])) for w in ((1024, 0), (256, 256))],

@@ -348,34 +348,37 @@ def interpreted() -> bool:
 def gluon_forward(target: str, q, k, statics: Statics, extras: Operands, rows=None) -> dict | None:
     """The configs.SM90_GLUON_FWD row of the Gluon forward (kernels/fwd_sm90.py) for this call, or None (the Triton
     forward): sm90, compiled kernels launched with their compiled warp count (_jax_triton_compat), 16-bit inputs
-    with a head of a row's size, no segment ids, dropout or positions, no narrow window (its short key loops are
+    with a head of a row's size, no segment ids or positions, no dropout unless the row says `dropout`, no narrow window (its short key loops are
     faster on the "+window" rows: H200, D 128, 1 x 16384 x 16, ms, Triton / Gluon: (1024, 0) 0.358 / 0.369, (256, 256)
     0.217 / 0.280), both lengths at least the row's min_seq (a short key loop or grid pays the program's fixed cost),
     and no "fwd" row given (autotuning and the rows sweep time
     the Triton rows)."""
-    if not _gluon_takes(target, q, statics, extras, rows, "fwd"):
+    if not _gluon_takes(target, q, statics, extras, rows, "fwd", dropout=True):
         return None
-    return next((row for row in configs.SM90_GLUON_FWD
-                 if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]), None)
+    row = next((row for row in configs.SM90_GLUON_FWD
+                if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]), None)
+    return None if row is None or (statics.dropout_p > 0 and not row["dropout"]) else row
 
 
 def gluon_dkdv(target: str, q, k, statics: Statics, extras: Operands, rows=None) -> dict | None:
     """The configs.SM90_GLUON_DKDV row of the Gluon dK/dV (kernels/bwd_sm90.py) for this call, or None (the Triton
-    rows): what gluon_forward asks (both lengths at least the row's min_seq), and no "dkdv" row given."""
-    if not _gluon_takes(target, q, statics, extras, rows, "dkdv"):
+    rows): what gluon_forward asks (both lengths at least the row's min_seq), and no "dkdv" row given; with dropout
+    only where the row says `dropout`."""
+    if not _gluon_takes(target, q, statics, extras, rows, "dkdv", dropout=True):
         return None
-    return next((row for row in configs.SM90_GLUON_DKDV
-                 if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]), None)
+    row = next((row for row in configs.SM90_GLUON_DKDV
+                if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]), None)
+    return None if row is None or (statics.dropout_p > 0 and not row["dropout"]) else row
 
 
-def _gluon_takes(target: str, q, statics: Statics, extras: Operands, rows, kernel: str) -> bool:
+def _gluon_takes(target: str, q, statics: Statics, extras: Operands, rows, kernel: str, dropout: bool = False) -> bool:
     """Whether a call may take a Gluon kernel (kernels/*_sm90.py) in place of `kernel`'s Triton rows: sm90, compiled
     kernels launched with their compiled warp count (_jax_triton_compat), 16-bit inputs with a power-of-two head, no
-    segment ids, dropout or positions, no narrow window, and no row given for `kernel` (autotuning and the rows
-    sweep time the Triton rows)."""
+    segment ids, dropout (unless the kernel takes it) or positions, no narrow window, and no row given for `kernel`
+    (autotuning and the rows sweep time the Triton rows)."""
     if target != "sm90" or (rows or {}).get(kernel) is not None or statics.band.narrow(configs.NARROW_WINDOW):
         return False
-    if not _whole_16bit_tiles(q) or statics.dropout_p > 0 or extras.q_segment_ids is not None:
+    if not _whole_16bit_tiles(q) or (statics.dropout_p > 0 and not dropout) or extras.q_segment_ids is not None:
         return False
     return extras.positions is None and _jax_triton_compat.launches_compiled_warps() and not interpreted()
 
@@ -386,10 +389,11 @@ def _forward_gluon(run: Run, q, k, v, extras: Operands, statics: Statics, row: d
 
     b, sq, h, _ = q.shape
     scalars, common = _common(q, k, statics)
-    constexprs = {name: common[name] for name in ("H", "KV_H", "HEAD_DIM", "BANDED", "SOFTCAP")}
+    constexprs = {name: common[name] for name in ("H", "KV_H", "HEAD_DIM", "BANDED", "SOFTCAP", "DROP_THRESHOLD")}
     constexprs.update({name: value for name, value in row.items() if name.isupper()},
                       KEYS_EVEN=k.shape[1] % row["BLOCK_N"] == 0)
-    inputs = {name: scalars[name] for name in ("sm_scale", "softcap", "seq_q", "seq_k", "lo_off", "hi_off")}
+    inputs = {name: scalars[name] for name in ("sm_scale", "softcap", "keep_scale", "seq_q", "seq_k", "lo_off",
+                                               "hi_off")}
     return run(_launch(
         fwd_sm90.attn_fwd_sm90, grid=(_cdiv(sq, 2 * fwd_sm90.ROWS.value), b * h), inputs=dict(Q=q, K=k, V=v, **inputs),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
@@ -473,11 +477,12 @@ def _dkdv_gluon(run: Run, q, k, v, dout, lse2, delta, extras: Operands, statics:
     sk, h_kv = k.shape[1], k.shape[2]
     blocks, options = dkdv
     scalars, common = _common(q, k, statics)
-    constexprs = {name: common[name] for name in ("H", "KV_H", "HEAD_DIM", "BANDED", "SOFTCAP")}
+    constexprs = {name: common[name] for name in ("H", "KV_H", "HEAD_DIM", "BANDED", "SOFTCAP", "DROP_THRESHOLD")}
     constexprs.update({name: blocks[name] for name in ("BLOCK_M", "STAGES", "CONSUMER_REGS")}, DS=ds,
                       EVEN=sq % blocks["BLOCK_M"] == 0 and sk % blocks["BLOCK_N"] == 0,
                       **_ds_band(statics.band, sq, ds))
-    inputs = {name: scalars[name] for name in ("sm_scale", "softcap", "seq_q", "seq_k", "lo_off", "hi_off")}
+    inputs = {name: scalars[name] for name in ("sm_scale", "softcap", "keep_scale", "seq_q", "seq_k", "lo_off",
+                                               "hi_off")}
     lse_len = _cdiv(sq, 4) * 4  # lse's and delta's rows 16-byte aligned, as the kernel's TMA tiles need
     if lse_len != sq:
         lse2, delta = (jnp.pad(x, ((0, 0), (0, 0), (0, lse_len - sq))) for x in (lse2, delta))

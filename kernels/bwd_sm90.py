@@ -22,6 +22,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .bwd import ds_col, ds_shape
 from .configs import TILED_GROUP_PROGRAMS
+from .dropout import keep_at, load_seed
 from .fwd_sm90 import ROWS, tiles, tma_load, tma_store
 from .masking import query_blocks, tile_order
 from .scores import scores
@@ -87,13 +88,14 @@ def _probs(st, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, sof
 
 @gluon.jit
 def _consume(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc, dv_desc, ds_desc, Slopes,
-             kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin, full_end, n_iters,
-             ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, HALF: gl.constexpr, H: gl.constexpr,
-             GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-             BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-             DS: gl.constexpr, DS_BAND: gl.constexpr):
+             Seeds, kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin, full_end,
+             n_iters, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, HALF: gl.constexpr,
+             H: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+             STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr,
+             ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, DS: gl.constexpr, DS_BAND: gl.constexpr):
     """Keys [start_n + HALF * ROWS, + ROWS): dK and dV over the program's query blocks, masked outside
-    [full_begin, full_end)."""
+    [full_begin, full_end). Dropout (DROP_THRESHOLD > 0) as bwd._dkdv_tile's: Pd = P keep keep_scale for dV, and
+    dS = P (keep keep_scale dP - delta), the mask regenerated from the query head's seed (dropout.keep_at)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -123,14 +125,21 @@ def _consume(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_
         st = warpgroup_mma_wait(1, deps=(st,))  # S^T is in, dP^T runs on
         if ALIBI:
             slope = gl.load(Slopes + b * H + h)
+        seed = load_seed(Seeds, b * H + h, DROP_THRESHOLD)
         lse = lse_smem.index(s).load(col_layout)
         lse = gl.where(lse == float("-inf"), float("inf"), lse)  # bwd._seen: rows that see no key get P = 0
         q_idx = gl.expand_dims(start_m + m_range, 0)
         p, dlogit = _probs(st, q_idx, k_idx, (start_m < full_begin) | (start_m >= full_end), seq_q, seq_k, lo_off,
                            hi_off, sm_scale, softcap, slope, gl.expand_dims(lse, 0), BANDED, MAY_MASK, SOFTCAP, ALIBI)
-        pb = gl.convert_layout(p.to(dtype), op_layout)
+        if DROP_THRESHOLD > 0:
+            kept = keep_at(seed, q_idx, k_idx, DROP_THRESHOLD)
+            pb = gl.convert_layout(gl.where(kept, p * keep_scale, 0.0).to(dtype), op_layout)
+        else:
+            pb = gl.convert_layout(p.to(dtype), op_layout)
         dv = warpgroup_mma(pb, do, dv, is_async=True)
         dpt, pb = warpgroup_mma_wait(1, deps=(dpt, pb))
+        if DROP_THRESHOLD > 0:
+            dpt = gl.where(kept, dpt * keep_scale, 0.0)
         delta = delta_smem.index(s).load(col_layout)
         ds = p * (dpt - gl.expand_dims(delta, 0))
         if SOFTCAP:
@@ -158,10 +167,11 @@ def _consume(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_
 
 
 @gluon.jit
-def attn_bwd_dkdv_sm90(Q, K, V, Slopes, dOut, Lse, Delta, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, lse_len,
-                       dK, dV, dS, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                       STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                       EVEN: gl.constexpr, DS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
+                       hi_off, lse_len, dK, dV, dS, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
+                       BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr,
+                       ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, EVEN: gl.constexpr, DS: gl.constexpr,
+                       CONSUMER_REGS: gl.constexpr,
                        DS_BAND: gl.constexpr = False, GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS):
     """bwd.attn_bwd_dkdv's arguments of the same names; grid (cdiv(seq_k, 128), batch * KV_H). Lse and Delta are
     (batch, H, lse_len), lse_len a multiple of 4: a TMA tile must start 16-byte aligned (one that did not stopped
@@ -217,13 +227,15 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, dOut, Lse, Delta, sm_scale, softcap, seq
     kv_col = kv_h * HEAD_DIM
     gl.warp_specialize([
         (_consume, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem.index(0), dk_desc, dv_desc,
-                    ds_desc, Slopes, kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin,
-                    full_begin, full_end, n_iters, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, 0, H,
-                    GROUP, HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DS, DS_BAND)),
+                    ds_desc, Slopes, Seeds, kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin,
+                    full_begin, full_end, n_iters, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
+                    keep_scale, 0, H, GROUP, HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI,
+                    DROP_THRESHOLD, DS, DS_BAND)),
         (_consume, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem.index(1 if DS else 0), dk_desc,
-                    dv_desc, ds_desc, Slopes, kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n,
-                    begin, full_begin, full_end, n_iters, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, 1,
-                    H, GROUP, HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DS, DS_BAND)),
+                    dv_desc, ds_desc, Slopes, Seeds, kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col,
+                    start_n, begin, full_begin, full_end, n_iters, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale,
+                    softcap, keep_scale, 1, H, GROUP, HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI,
+                    DROP_THRESHOLD, DS, DS_BAND)),
         (_loads, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
                   delta_smem, kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, begin, n_iters, seq_q,
                   lse_len, H, GROUP, HEAD_DIM, BLOCK_M, STAGES)),

@@ -189,9 +189,10 @@ _SM90_FWD64_TMA = dict(_SM90_FWD_TMA, max_block_d=64, min_block_d=64, max_banded
 # Short key loops pay the program's fixed cost (four descriptors, barriers, the pipeline's fill) with no persistent
 # grid to spread it. 3 stages or 232 registers (the second group's) at D 128 (2 stages at D 64) within 1-2 % of
 # these; 64-key blocks 5-25 % slower.
+# dropout: whether calls with dropout take it (as SM90_GLUON_DKDV's; not yet run on the GPU).
 SM90_GLUON_FWD = [
-    dict(head_dim=128, min_seq=4096, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, num_warps=4),
-    dict(head_dim=64, min_seq=8192, BLOCK_N=128, STAGES=3, CONSUMER_REGS=232, num_warps=4),
+    dict(head_dim=128, min_seq=4096, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=False, num_warps=4),
+    dict(head_dim=64, min_seq=8192, BLOCK_N=128, STAGES=3, CONSUMER_REGS=232, dropout=False, num_warps=4),
 ]
 # The Gluon dK/dV (kernels/bwd_sm90.py: lse and delta through TMA, each warp group's softmax beside its other
 # product), which calls take it: jax_flash_amd/_launch.py gluon_dkdv, from min_seq queries and keys. 128 keys per
@@ -200,10 +201,11 @@ SM90_GLUON_FWD = [
 # 0.698; 4 x 4096 3.302 / 2.828, causal 1.935 / 1.589; 1 x 16384 13.05 / 10.88, causal 6.65 / 5.63. D 64 (seven
 # products; on the dS path 7-13 % slower) 4 x 4096 x 32 4.145 / 3.978, causal 2.365 / 2.317; 1 x 16384 16.01 /
 # 14.92, causal 8.72 / 7.98; but 16 x 1024 1.192 / 1.269, causal 0.824 / 0.979 (the Triton row runs persistent
-# there). 3 stages: within 3 % either way.
+# there). 3 stages: within 3 % either way. dropout: whether calls with dropout take it (compiled, sm90 ptxas 244 / 328
+# bytes of spills full / causal at D 128; not yet run on the GPU: tests/test_gluon_bwd.py's dropout cases force it).
 SM90_GLUON_DKDV = [
-    dict(head_dim=128, min_seq=0, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=True, num_warps=4),
-    dict(head_dim=64, min_seq=4096, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=False, num_warps=4),
+    dict(head_dim=128, min_seq=0, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=True, dropout=False, num_warps=4),
+    dict(head_dim=64, min_seq=4096, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=False, dropout=False, num_warps=4),
 ]
 # _launch.py persistent_programs: the busiest program's work / when the tiled grid would finish, at most
 # (causal D 128 forward ms, tiled / persistent: 1 x 2048 x 16 0.083 / 0.066, whose fixed schedule is 1.47x the

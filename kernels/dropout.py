@@ -57,23 +57,42 @@ def _line(index, key, P: tl.constexpr):
 
 
 @triton.jit
+def _keys(seed):
+    """The seed's two 32-bit keys (queries', keys'): every seed bit in both."""
+    lo = seed.to(tl.uint32)
+    hi = (seed >> 32).to(tl.uint32)
+    return _mix(lo ^ _mix(hi ^ 0x5BD1E995)), _mix(hi ^ _mix(lo + 0x27D4EB2F))
+
+
+@triton.jit
+def _kept(x, THRESHOLD: tl.constexpr):
+    """Whether the byte of x = r ^ c (a row's and a column's _line) is kept."""
+    x = x * M1
+    x = x ^ (x >> 15)
+    x = x * M2
+    CUT: tl.constexpr = THRESHOLD * (1 << 24)  # the top byte >= THRESHOLD
+    return x >= CUT
+
+
+@triton.jit
 def keep(seed, start_m, start_n, THRESHOLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
          TRANSPOSED: tl.constexpr = False):
     """[BLOCK_M, BLOCK_N] bool ([BLOCK_N, BLOCK_M] if TRANSPOSED): which probabilities of queries
     start_m + arange(BLOCK_M) x keys start_n + arange(BLOCK_N) survive (any starts >= 0: global
     positions, masking.py `place`)."""
-    lo = seed.to(tl.uint32)
-    hi = (seed >> 32).to(tl.uint32)
-    key_q = _mix(lo ^ _mix(hi ^ 0x5BD1E995))  # every seed bit in both keys
-    key_k = _mix(hi ^ _mix(lo + 0x27D4EB2F))
+    key_q, key_k = _keys(seed)
     r = _line(start_m + tl.arange(0, BLOCK_M), key_q, P1)
     c = _line(start_n + tl.arange(0, BLOCK_N), key_k, P2)
     if TRANSPOSED:
         x = r[None, :] ^ c[:, None]
     else:
         x = r[:, None] ^ c[None, :]
-    x = x * M1
-    x = x ^ (x >> 15)
-    x = x * M2
-    CUT: tl.constexpr = THRESHOLD * (1 << 24)  # the top byte >= THRESHOLD
-    return x >= CUT
+    return _kept(x, THRESHOLD)
+
+
+@triton.jit
+def keep_at(seed, q_idx, k_idx, THRESHOLD: tl.constexpr):
+    """keep's mask from the caller's global indices q_idx, k_idx, broadcast to the tile's shape (one of them a row,
+    the other a column, either way round): for Gluon kernels, whose index tensors carry their layouts."""
+    key_q, key_k = _keys(seed)
+    return _kept(_line(q_idx, key_q, P1) ^ _line(k_idx, key_k, P2), THRESHOLD)

@@ -1,8 +1,8 @@
 """Hopper forward in Gluon: FlashAttention-3's overlap of the products with the softmax, which Triton 3.6's own
 warp specialisation cannot express (benchmarks/results/NOTES.md, "Ninth" and "Eighteenth session").
 
-Same contract as fwd.attn_fwd (layout, GQA, bands, softcap, ALiBi; lse in base 2), for 16-bit inputs with a head of
-64 or 128 and no segment ids, dropout, fp8 or positions: which calls take it is jax_flash_amd/_launch.py
+Same contract as fwd.attn_fwd (layout, GQA, bands, softcap, ALiBi, dropout; lse in base 2), for 16-bit inputs with a
+head of 64 or 128 and no segment ids, fp8 or positions: which calls take it is jax_flash_amd/_launch.py
 gluon_forward. The scores and the mask are scores.py's and masking.py's, called from here.
 
 One program per (128 queries, batch element, head), in masking.tile_order's order, three partitions:
@@ -18,6 +18,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from .configs import TILED_GROUP_PROGRAMS
+from .dropout import keep_at, load_seed
 from .masking import key_blocks, tile_order
 from .scores import scores
 
@@ -56,9 +57,11 @@ def _loads(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_rea
 
 
 @gluon.jit
-def _online(qk, m, l, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
-            BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
-    """One key block's online-softmax step (fwd._fwd_block's): (p, m, l, alpha)."""
+def _online(qk, m, l, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed,
+            BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+            DROP_THRESHOLD: gl.constexpr):
+    """One key block's online-softmax step (fwd._fwd_block's): (p, m, l, alpha); dropout zeroes p after the row
+    sum (the caller scales the output by keep_scale)."""
     diag = seq_k - seq_q
     if MAY_MASK:
         if masked:
@@ -77,14 +80,17 @@ def _online(qk, m, l, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_sca
     p = gl.exp2(s * scale2 - gl.expand_dims(m_use, 1))
     alpha = gl.exp2(m - m_use)
     l = l * alpha + gl.sum(p, axis=1)
+    if DROP_THRESHOLD > 0:
+        p = gl.where(keep_at(seed, q_idx, k_idx, DROP_THRESHOLD), p, 0.0)
     return p, m_new, l, alpha
 
 
 @gluon.jit
 def _consume(q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col, lse_row,
              start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
-             HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+             seed, keep_scale, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+             DROP_THRESHOLD: gl.constexpr):
     """Queries [start_m + HALF * ROWS, + ROWS): the key blocks from `start`, masked outside [full_start, full_end)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -106,7 +112,8 @@ def _consume(q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_emp
     qk = warpgroup_mma_wait(0, deps=(qk,))
     mbarrier.arrive(k_empty.index(0))
     p, m, l, alpha = _online(qk, m, l, q_idx, k_idx + start, (start < full_start) | (start >= full_end), seq_q,
-                             seq_k, lo_off, hi_off, sm_scale, softcap, slope, BANDED, MAY_MASK, SOFTCAP, ALIBI)
+                             seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, BANDED, MAY_MASK, SOFTCAP, ALIBI,
+                             DROP_THRESHOLD)
     for i in range(1, n_blocks):
         cur = i % STAGES
         prev = (i - 1) % STAGES
@@ -119,8 +126,8 @@ def _consume(q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_emp
         qk = warpgroup_mma_wait(1, deps=(qk,))
         mbarrier.arrive(k_empty.index(cur))
         p, m, l, alpha = _online(qk, m, l, q_idx, k_idx + start_n, (start_n < full_start) | (start_n >= full_end),
-                                 seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, BANDED, MAY_MASK, SOFTCAP,
-                                 ALIBI)
+                                 seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, BANDED, MAY_MASK,
+                                 SOFTCAP, ALIBI, DROP_THRESHOLD)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_empty.index(prev))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -134,6 +141,8 @@ def _consume(q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_emp
     empty = l == 0.0
     l_safe = gl.where(empty, 1.0, l)
     out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+    if DROP_THRESHOLD > 0:
+        out = out * keep_scale
     q.store(out.to(q.dtype))  # Q's buffer is free: both products that read it are done
     fence_async_shared()
     tma_store(o_desc, [q_row + HALF * ROWS, q_col], q)
@@ -142,10 +151,11 @@ def _consume(q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_emp
 
 
 @gluon.jit
-def attn_fwd_sm90(Q, K, V, Slopes, sm_scale, softcap, seq_q, seq_k, lo_off, hi_off, Out, Lse, H: gl.constexpr,
-                  KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, KEYS_EVEN: gl.constexpr,
-                  CONSUMER_REGS: gl.constexpr, GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS):
+def attn_fwd_sm90(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse,
+                  H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                  DROP_THRESHOLD: gl.constexpr, KEYS_EVEN: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                  GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS):
     """fwd.attn_fwd's arguments of the same names; grid (cdiv(seq_q, 128), batch * H). KEYS_EVEN: seq_k is a
     multiple of BLOCK_N (else the last key block is masked). CONSUMER_REGS: registers per thread of the second
     consumer group (a worker partition; the first is the default partition, which gets what the workers leave)."""
@@ -177,6 +187,7 @@ def attn_fwd_sm90(Q, K, V, Slopes, sm_scale, softcap, seq_q, seq_k, lo_off, hi_o
     slope = 0.0
     if ALIBI:
         slope = gl.load(Slopes + bh)
+    seed = load_seed(Seeds, bh, DROP_THRESHOLD)
     start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, Slopes, b, 2 * ROWS,
                                                   BLOCK_N, BANDED, False)
     n_blocks = gl.cdiv(gl.maximum(end - start, 1), BLOCK_N)  # an empty band still runs one (masked) block
@@ -189,10 +200,12 @@ def attn_fwd_sm90(Q, K, V, Slopes, sm_scale, softcap, seq_q, seq_k, lo_off, hi_o
     gl.warp_specialize([
         (_consume, (q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
                     lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale,
-                    softcap, slope, 0, HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI)),
+                    softcap, slope, seed, keep_scale, 0, HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI,
+                    DROP_THRESHOLD)),
         (_consume, (q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
                     lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale,
-                    softcap, slope, 1, HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI)),
+                    softcap, slope, seed, keep_scale, 1, HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI,
+                    DROP_THRESHOLD)),
         (_loads, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, q_row,
                   q_col, kv_row, kv_col, start, n_blocks, BLOCK_N, STAGES)),
     ], [4, 1], [CONSUMER_REGS, 24])

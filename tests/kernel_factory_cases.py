@@ -94,6 +94,8 @@ def case_cuda_plain_and_warp_specialised():
 def case_cuda_gluon_forward():
     """The Gluon forward (kernels/fwd_sm90.py) as _launch.forward makes it for a call that takes it: compiled as
     Gluon (no Triton layout passes) with its three partitions (12 warps) and descriptor scratch."""
+    import dataclasses
+
     import jax.numpy as jnp
 
     from jax_flash_amd import _launch
@@ -118,6 +120,19 @@ def case_cuda_gluon_forward():
     name, warps, scratch = kernel.args[0], kernel.args[1], kernel.args[7]
     assert name.startswith("attn_fwd_sm90") and warps == 12 and scratch > 0, kernel.args[:3] + kernel.args[7:]
     assert "setmaxnreg" in kernel.args[4], "the partitions' register split"
+    # and with dropout, where a row lets it take the kernel
+    from jax_flash_amd.kernels import configs
+    from jax_flash_amd.operands import Operands
+
+    shipped, configs.SM90_GLUON_FWD = configs.SM90_GLUON_FWD, [dict(r, dropout=True) for r in configs.SM90_GLUON_FWD]
+    launches.clear()
+    _launch.forward(record, "sm90", q, q, q, Operands(seeds=jnp.zeros((1, 16, 2), jnp.int32)),
+                    statics=dataclasses.replace(statics, dropout_p=0.1))
+    configs.SM90_GLUON_FWD = shipped
+    (launch,) = launches
+    assert kf.is_gluon(launch.kernel) and launch.constexprs["DROP_THRESHOLD"] > 0, launch.constexprs
+    dtypes, scalars = _signature(launch)
+    call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs, num_warps=4)
 
 
 def _signature(launch):
@@ -126,7 +141,7 @@ def _signature(launch):
     import jax.numpy as jnp
     import numpy as np
 
-    pointer = {jnp.dtype(jnp.bfloat16): "*bf16", jnp.dtype(jnp.float32): "*fp32"}
+    pointer = {jnp.dtype(jnp.bfloat16): "*bf16", jnp.dtype(jnp.float32): "*fp32", jnp.dtype(jnp.int32): "*i32"}
     values = [*launch.args, *launch.out_shapes]
     dtypes = [pointer[jnp.dtype(x.dtype)] if isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
               else "fp32" if isinstance(x, np.floating) else "i32" for x in values]
@@ -142,7 +157,10 @@ def case_cuda_gluon_dkdv():
     from jax_flash_amd import _launch
     from jax_flash_amd.rules import Band
 
+    import dataclasses
+
     from jax_flash_amd.kernels import configs
+    from jax_flash_amd.operands import Operands
 
     fake_jax_triton(KernelWithScratch, 90)
     cuda = CUDABackend(GPUTarget("cuda", 90, 32))
@@ -170,6 +188,18 @@ def case_cuda_gluon_dkdv():
         kernel, _ = call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs, num_warps=4)
         name, warps, scratch = kernel.args[0], kernel.args[1], kernel.args[7]
         assert name.startswith("attn_bwd_dkdv_sm90") and warps == 12 and scratch > 0, kernel.args[:3] + kernel.args[7:]
+        if d == 128:  # and with dropout, where a row lets it take the kernel
+            shipped, configs.SM90_GLUON_DKDV = configs.SM90_GLUON_DKDV, [dict(r, dropout=True)
+                                                                         for r in configs.SM90_GLUON_DKDV]
+            launches.clear()
+            seeds = Operands(seeds=jnp.zeros((2, 4, 2), jnp.int32))
+            _launch.backward(record, "sm90", q, q, q, q, lse, q, lse, seeds,
+                             statics=dataclasses.replace(statics, dropout_p=0.1))
+            (launch,) = [one for one in launches if kf.is_gluon(one.kernel)]
+            assert launch.constexprs["DROP_THRESHOLD"] > 0, launch.constexprs
+            dtypes, scalars = _signature(launch)
+            call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs, num_warps=4)
+            configs.SM90_GLUON_DKDV = shipped
 
 
 def case_amd_options_and_pointer_range():

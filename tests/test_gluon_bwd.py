@@ -22,6 +22,12 @@ CASES.update({
     "whole-blocks": dict(sq=512, sk=512),  # the unmasked loop (EVEN)
     "gqa-whole-causal": dict(sq=512, sk=512, causal=True, h_kv=1),
     "banded-workspace": dict(sq=1100, sk=1100, window=(150, 0)),  # bwd.ds_shape's DS_BAND layout
+    # dropout (the rows' `dropout` turned on): its mask regenerated in dK/dV, carried by dS on the dS path
+    "dropout-causal": dict(sq=300, sk=300, causal=True, dropout=0.2),
+    "dropout-gqa-alibi": dict(sq=300, sk=300, h_kv=2, alibi=True, dropout=0.2),
+    "dropout-cross-window": dict(sq=450, sk=333, window=(60, 40), dropout=0.2),
+    "dropout-seven-products": dict(sq=300, sk=300, causal=True, dropout=0.2, ds=False),
+    "dropout-d64": dict(sq=300, sk=300, d=64, dropout=0.2),
 })
 
 
@@ -34,13 +40,14 @@ def _case(name):
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_gluon_dkdv(name, monkeypatch):
     """The backward with dK/dV through the Gluon kernel (checked: it ran), the forward through the Triton rows,
-    against float64, the rows' min_seq lowered to 0. ds: the row's DS forced either way (None: the shipped row's).
-    seq_q 50 and 333: lse and delta padded to aligned rows (_launch._dkdv_gluon)."""
+    against float64, the rows' min_seq lowered to 0 and dropout on. ds: the row's DS forced either way (None: the
+    shipped row's). seq_q 50 and 333: lse and delta padded to aligned rows (_launch._dkdv_gluon)."""
     c = _case(name)
     monkeypatch.setattr(configs, "SM90_GLUON_FWD", [])
     monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
     ds = {} if c["ds"] is None else {"DS": c["ds"]}
-    monkeypatch.setattr(configs, "SM90_GLUON_DKDV", [dict(r, min_seq=0, **ds) for r in configs.SM90_GLUON_DKDV])
+    monkeypatch.setattr(configs, "SM90_GLUON_DKDV", [dict(r, min_seq=0, dropout=True, **ds)
+                                                     for r in configs.SM90_GLUON_DKDV])
     kernels = run_case(c, seed=29)
     assert "attn_bwd_dkdv_sm90" in kernels, kernels
     ds = c["ds"] if c["ds"] is not None else next(r["DS"] for r in configs.SM90_GLUON_DKDV if r["head_dim"] == c["d"])
@@ -67,7 +74,7 @@ def test_gluon_dkdv_through_the_api(monkeypatch):
     (dict(shape=(1, 1024, 16, 256)), None),  # no row for the head
     (dict(shape=(1, 1024, 16, 96)), None),  # not a whole 16-bit tile
     (dict(dtype=jnp.float32), None),
-    (dict(dropout=0.1), None),
+    (dict(dropout=0.1), None),  # not yet (configs.SM90_GLUON_DKDV's `dropout`)
     (dict(segments=True), None),
     (dict(positions=True), None),
     (dict(rows={"dkdv": {"BLOCK_M": 64}}), None),  # an explicit row (autotuning, the rows sweep): Triton's

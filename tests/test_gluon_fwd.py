@@ -9,7 +9,7 @@ import pytest
 
 import oracle
 from helpers import ON_GPU, assert_close, fwd_bwd_through, inputs, run as run_impl
-from jax_flash_amd import _jax_triton_compat, _launch, _triton
+from jax_flash_amd import _jax_triton_compat, _launch, _triton, reference
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.kernels import configs
 from jax_flash_amd.rules import Band
@@ -34,6 +34,9 @@ CASES = {
     "d64-full": dict(sq=256, sk=256, d=64),
     "fp16": dict(sq=300, sk=300, dtype=jnp.float16),
     "fp16-d64-causal": dict(sq=300, sk=300, causal=True, d=64, dtype=jnp.float16),
+    # dropout (the rows' `dropout` turned on; not yet by default)
+    "dropout-causal": dict(sq=300, sk=300, causal=True, dropout=0.2),
+    "dropout-gqa-window": dict(sq=700, sk=700, h_kv=2, window=(100, 37), dropout=0.2),
     "long-causal": dict(causal=True, b=1, real_rows=True),  # at the shipped row's min_seq
     "long-d64": dict(d=64, b=1, h=2, h_kv=2, real_rows=True),
 }
@@ -41,7 +44,7 @@ CASES = {
 
 def with_defaults(case):
     return {**dict(b=2, h=4, h_kv=4, d=128, dtype=jnp.bfloat16, causal=False, window=(-1, -1), softcap=0.0,
-                   alibi=False, real_rows=False), **case}
+                   alibi=False, dropout=0.0, real_rows=False), **case}
 
 
 def _case(name):
@@ -53,13 +56,15 @@ def _case(name):
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_gluon_forward(name, monkeypatch):
     """The forward through the Gluon kernel (checked: it ran), the backward from its lse through the default kernels
-    (the Gluon dK/dV too where _launch.gluon_dkdv holds), against float64. Below a row's min_seq the rows are lowered to 0 (short sequences, cheap references),
-    except for the "long" cases, which take the shipped rows as they are."""
+    (the Gluon dK/dV too where _launch.gluon_dkdv holds), against float64. Below a row's min_seq the rows are lowered
+    to 0 (short sequences, cheap references) and dropout turned on, except for the "long" cases, which take the
+    shipped rows as they are."""
     c = _case(name)
     if c["real_rows"]:
         c["sq"] = c["sk"] = next(r["min_seq"] for r in configs.SM90_GLUON_FWD if r["head_dim"] == c["d"])
     else:
-        monkeypatch.setattr(configs, "SM90_GLUON_FWD", [dict(row, min_seq=0) for row in configs.SM90_GLUON_FWD])
+        monkeypatch.setattr(configs, "SM90_GLUON_FWD", [dict(row, min_seq=0, dropout=True)
+                                                        for row in configs.SM90_GLUON_FWD])
         monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
     kernels = run_case(c, seed=23)
     assert kernels[0] == "attn_fwd_sm90", kernels
@@ -71,18 +76,23 @@ def run_case(c, seed):
     b, h, d = c["b"], c["h"], c["d"]
     q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), c["dtype"], seed=seed)
     slopes = jax.random.uniform(jax.random.key(seed), (b, h), jnp.float32, 0.01, 0.5) if c["alibi"] else None
-    statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]), softcap=c["softcap"])
+    p, rng = c["dropout"], jax.random.key(seed + 1)
+    seeds = reference.dropout_seeds(rng, b, h) if p else None
+    statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]), softcap=c["softcap"],
+                              dropout_p=p)
     kernels = []
 
     def run(launch):
         kernels.append(launch.kernel.__name__)
         return _triton.run(launch)
 
-    got = jax.jit(fwd_bwd_through(run, _triton.target(), statics))(q, k, v, dout, dlse, Operands(slopes=slopes))
+    got = jax.jit(fwd_bwd_through(run, _triton.target(), statics))(q, k, v, dout, dlse,
+                                                                   Operands(slopes=slopes, seeds=seeds))
+    drop = dict(dropout_p=p, keep=reference.dropout_keep(seeds, c["sq"], c["sk"], p)) if p else {}
     ref = oracle.attention(q, k, v, dout, dlse, causal=c["causal"], window=c["window"], softcap=c["softcap"],
-                           alibi=slopes)
+                           alibi=slopes, **drop)
     base = run_impl("xla", q, k, v, dout, dlse, causal=c["causal"], window_size=c["window"], softcap=c["softcap"],
-                    alibi_slopes=slopes)
+                    alibi_slopes=slopes, **(dict(dropout_p=p, dropout_rng=rng) if p else {}))
     assert_close(got, ref, base, c["dtype"])
     return kernels
 
