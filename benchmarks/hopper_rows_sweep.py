@@ -7,7 +7,7 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
                                                                    # d128seven, edges, bm256, dropoutds, dropoutfwd,
                                                                    # ds16k, dropouttma, dropoutwindow, dropoutfwd64,
                                                                    # windowds, d64ws, windowbanded, gluon, gluon8k,
-                                                                   # gluonwindow, gluonbwd, gluondropout
+                                                                   # gluonwindow, gluonbwd, gluondropout, gluondq
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -65,8 +65,24 @@ def _gluon_dkdv(**change):
 
 # the Gluon dK/dV (kernels/bwd_sm90.py) against the Triton rows (SM90_GLUON_DKDV empty), and its neighbours: the dS
 # path or seven products, 3 stages, 128-query steps
+def _gluon_dkdv64(**change):
+    """The D 64 row changed (from any length), the D 128 row as shipped."""
+    return dict(_limits=dict(SM90_GLUON_DKDV=[dict(r, min_seq=0, **change) if r["head_dim"] == 64 else r
+                                              for r in configs.SM90_GLUON_DKDV]))
+
+
 GLUON_DKDV = {"dkdv": [dict(_limits=dict(SM90_GLUON_DKDV=[])), _gluon_dkdv(STAGES=3), _gluon_dkdv(DS=False),
-                       _gluon_dkdv(DS=True)]}
+                       _gluon_dkdv(DS=True), _gluon_dkdv64(BLOCK_M=128)]}
+# the Gluon dQ of the seven-product path (configs.SM90_GLUON_DQ_CANDIDATES) against the Triton dQ rows; D 128 on seven
+# products both ways (it takes the dS path by default), and 64-key blocks at 3 stages
+def _gluon_dq(seven=False, **change):
+    rows = [dict(r, **change) for r in configs.SM90_GLUON_DQ_CANDIDATES]
+    return dict(_limits=dict(SM90_GLUON_DQ=rows, **({"DS_WORKSPACE_BYTES": 0} if seven else {})))
+
+
+GLUON_DQ = {"dq": [_gluon_dq(), _gluon_dq(BLOCK_N=64, STAGES=3), dict(_limits=dict(DS_WORKSPACE_BYTES=0)),
+                   _gluon_dq(seven=True)]}
+
 # dropout through the Gluon kernels (their rows' `dropout` on) against the Triton rows it takes by default
 GLUON_DROPOUT = {"fwd": [_gluon(dropout=True)], "dkdv": [_gluon_dkdv(dropout=True)], "_dropout": 0.1}
 
@@ -258,6 +274,8 @@ SETS = {
               for n in (1024, 2048, 4096, 16384) for causal in (False, True)],
     "gluonbwd": [((16384 // n, n, h, d), causal, (-1, -1), GLUON_DKDV) for n in (4096, 16384, 1024)
                  for d, h in ((128, 16), (64, 32)) for causal in (False, True)],
+    "gluondq": [((16384 // n, n, h, d), causal, (-1, -1), GLUON_DQ) for n in (4096, 16384, 1024)
+                for d, h in ((64, 32), (128, 16)) for causal in (False, True)],
     "gluondropout": [((4, 4096, 16, 128), causal, (-1, -1), GLUON_DROPOUT) for causal in (False, True)]
                     + [((1, 16384, 16, 128), False, (-1, -1), GLUON_DROPOUT), ((4, 4096, 32, 64), True, (-1, -1),
                                                                                 GLUON_DROPOUT)],

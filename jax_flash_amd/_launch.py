@@ -348,11 +348,11 @@ def interpreted() -> bool:
 def gluon_forward(target: str, q, k, statics: Statics, extras: Operands, rows=None) -> dict | None:
     """The configs.SM90_GLUON_FWD row of the Gluon forward (kernels/fwd_sm90.py) for this call, or None (the Triton
     forward): sm90, compiled kernels launched with their compiled warp count (_jax_triton_compat), 16-bit inputs
-    with a head of a row's size, no segment ids or positions, no dropout unless the row says `dropout`, no narrow window (its short key loops are
-    faster on the "+window" rows: H200, D 128, 1 x 16384 x 16, ms, Triton / Gluon: (1024, 0) 0.358 / 0.369, (256, 256)
-    0.217 / 0.280), both lengths at least the row's min_seq (a short key loop or grid pays the program's fixed cost),
-    and no "fwd" row given (autotuning and the rows sweep time
-    the Triton rows)."""
+    with a head of a row's size, no segment ids or positions, no dropout unless the row says `dropout`, no narrow
+    window (its short key loops are faster on the "+window" rows: H200, D 128, 1 x 16384 x 16, ms, Triton / Gluon:
+    (1024, 0) 0.358 / 0.369, (256, 256) 0.217 / 0.280), both lengths at least the row's min_seq (a short key loop or
+    grid pays the program's fixed cost), and no "fwd" row given (autotuning and the rows sweep time the Triton
+    rows)."""
     if not _gluon_takes(target, q, statics, extras, rows, "fwd", dropout=True):
         return None
     row = next((row for row in configs.SM90_GLUON_FWD
@@ -367,6 +367,16 @@ def gluon_dkdv(target: str, q, k, statics: Statics, extras: Operands, rows=None)
     if not _gluon_takes(target, q, statics, extras, rows, "dkdv", dropout=True):
         return None
     row = next((row for row in configs.SM90_GLUON_DKDV
+                if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]), None)
+    return None if row is None or (statics.dropout_p > 0 and not row["dropout"]) else row
+
+
+def gluon_dq(target: str, q, k, statics: Statics, extras: Operands, rows=None) -> dict | None:
+    """The configs.SM90_GLUON_DQ row of the Gluon dQ (kernels/bwd_sm90.py, the seven-product path) for this call, or
+    None (the Triton rows): as gluon_dkdv, no "dq" row given."""
+    if not _gluon_takes(target, q, statics, extras, rows, "dq", dropout=True):
+        return None
+    row = next((row for row in configs.SM90_GLUON_DQ
                 if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]), None)
     return None if row is None or (statics.dropout_p > 0 and not row["dropout"]) else row
 
@@ -564,9 +574,7 @@ def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Oper
     if not heads:
         return _backward_7(run, target, q, k, v, out, lse2, dout, dlse, extras, statics, rows, dkdv)
     h_kv, group = k.shape[2], q.shape[2] // k.shape[2]
-    # delta = rowsum(dO * O) - dlse, (batch, heads, seq_q): dK/dV runs first here (cuDNN's backward makes
-    # the same pass)
-    delta = (jnp.einsum("bshd,bshd->bhs", out, dout, preferred_element_type=jnp.float32) - dlse)
+    delta = _delta(out, dout, dlse)  # dK/dV runs first here
     parts = []
     for lo in range(0, h_kv, heads):  # by heads: each launch a whole attention of its heads, no partial sums
         qh, kh = slice(lo * group, (lo + heads) * group), slice(lo, lo + heads)
@@ -577,6 +585,12 @@ def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Oper
     if len(parts) == 1:
         return parts[0]
     return tuple(jnp.concatenate(g, axis=2) for g in zip(*parts))
+
+
+def _delta(out, dout, dlse):
+    """delta = rowsum(dO * O) - dlse, (batch, heads, seq_q), by XLA (one fused pass; cuDNN's backward makes the same),
+    where the kernel that reads it first does not compute it (attn_bwd_dq does)."""
+    return jnp.einsum("bshd,bshd->bhs", out, dout, preferred_element_type=jnp.float32) - dlse
 
 
 def _backward_ds(run, target, q, k, v, lse2, delta, dout, extras, statics, rows, dkdv):
@@ -601,9 +615,25 @@ def _backward_ds(run, target, q, k, v, lse2, delta, dout, extras, statics, rows,
 
 
 def _backward_7(run, target, q, k, v, out, lse2, dout, dlse, extras, statics, rows, dkdv):
-    """Seven products per tile: dQ (which also writes delta), then dK/dV."""
+    """Seven products per tile: dQ (which also writes delta; the Gluon dQ reads it), then dK/dV."""
     b, sq, h, d = q.shape
     scalars, constexprs = _common(q, k, statics)
+    gluon = gluon_dq(target, q, k, statics, extras, rows)
+    if gluon is not None:
+        from jax_flash_amd.kernels import bwd_sm90  # Gluon: imported only where it runs
+
+        delta = _delta(out, dout, dlse)
+        names = ("sm_scale", "softcap", "keep_scale", "seq_q", "seq_k", "lo_off", "hi_off")
+        (dq,) = run(_launch(
+            bwd_sm90.attn_bwd_dq_sm90, grid=(_cdiv(sq, 2 * bwd_sm90.ROWS.value), b * h),
+            inputs=dict(Q=q, K=k, V=v, dOut=dout, Lse=lse2, Delta=delta, **{n: scalars[n] for n in names}),
+            out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
+            constexprs={**{n: constexprs[n] for n in ("H", "KV_H", "HEAD_DIM", "BANDED", "SOFTCAP", "DROP_THRESHOLD")},
+                        **{n: value for n, value in gluon.items() if n.isupper()},
+                        "KEYS_EVEN": k.shape[1] % gluon["BLOCK_N"] == 0},
+            options={"num_warps": gluon["num_warps"]}, extras=extras))
+        dk, dv, _ = _dkdv(run, target, q, k, v, dout, lse2, delta, extras, statics, dkdv)
+        return dq, dk, dv
     # dQ first: it writes delta (b, h, seq_q), which the dK/dV kernel reads
     blocks, options = pick_config(target, "dq", d, q.dtype, rows, _kind(q, k, statics),
                                   tma=_takes_tma(q, statics, extras))

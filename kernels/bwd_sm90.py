@@ -23,7 +23,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .bwd import ds_col, ds_shape
 from .configs import TILED_GROUP_PROGRAMS
 from .dropout import keep_at, load_seed
-from .fwd_sm90 import ROWS, tiles, tma_load, tma_store
+from .fwd_sm90 import ROWS, invalidate_kv_rings, kv_rings, load_keys, query_rows, tiles, tma_load, tma_store
 from .masking import query_blocks, tile_order
 from .scores import scores
 
@@ -245,3 +245,126 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softc
         mbarrier.invalidate(q_ready.index(s))
         mbarrier.invalidate(do_ready.index(s))
         mbarrier.invalidate(empty.index(s))
+
+
+# ----- dQ on seven products (the backward's first kernel where dK/dV does not store dS): the forward's shape -----
+
+@gluon.jit
+def _dq_loads(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+              v_empty, q_row, q_col, kv_row, kv_col, start, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    mbarrier.expect(q_bar, 4 * q_desc.block_type.nbytes)
+    for half in gl.static_range(2):
+        tma_load(q_desc, [q_row + half * ROWS, q_col], q_bar, q_smem.index(half))
+        tma_load(do_desc, [q_row + half * ROWS, q_col], q_bar, do_smem.index(half))
+    load_keys(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, start, n_blocks,
+              BLOCK_N, STAGES)
+
+
+@gluon.jit
+def _dq_consume(q_smem, do_smem, k_smem, v_smem, dq_desc, Lse, Delta, q_bar, k_ready, v_ready, k_empty, v_empty, q_row,
+                q_col, row0, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale,
+                softcap, slope, seed, keep_scale, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr,
+                ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr):
+    """Queries [start_m + HALF * ROWS, + ROWS): dQ = scale sum_j dS_j K_j over the key blocks from `start`, masked
+    outside [full_start, full_end); bwd._dq_inner's arithmetic, dropout included."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    q = q_smem.index(HALF)
+    do = do_smem.index(HALF)
+    dtype: gl.constexpr = q.dtype
+    rows = start_m + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+    q_idx = gl.expand_dims(rows, 1)
+    k_range = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+    # lse and delta of the group's rows, once (pointer loads: no TMA tile, so no alignment to keep)
+    lse = gl.load(Lse + row0 + rows, mask=rows < seq_q, other=0.0)
+    lse = gl.expand_dims(gl.where(lse == float("-inf"), float("inf"), lse), 1)  # bwd._seen
+    delta = gl.expand_dims(gl.load(Delta + row0 + rows, mask=rows < seq_q, other=0.0), 1)
+    zeros = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
+    mbarrier.wait(q_bar, 0)
+    for i in range(n_blocks):
+        s = i % STAGES
+        phase = (i // STAGES) & 1
+        start_n = start + i * BLOCK_N
+        k = k_smem.index(s)
+        mbarrier.wait(k_ready.index(s), phase)
+        st = warpgroup_mma(q, k.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(s), phase)
+        dp = warpgroup_mma(do, v_smem.index(s).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=(st,))  # S is in, dP runs on
+        k_idx = start_n + k_range
+        p, dlogit = _probs(st, q_idx, k_idx, (start_n < full_start) | (start_n >= full_end), seq_q, seq_k, lo_off,
+                           hi_off, sm_scale, softcap, slope, lse, BANDED, MAY_MASK, SOFTCAP, ALIBI)
+        dp = warpgroup_mma_wait(0, deps=(dp,))
+        mbarrier.arrive(v_empty.index(s))
+        if DROP_THRESHOLD > 0:
+            dp = gl.where(keep_at(seed, q_idx, k_idx, DROP_THRESHOLD), dp * keep_scale, 0.0)
+        ds = p * (dp - delta)
+        if SOFTCAP:
+            ds = ds * dlogit
+        dsb = gl.convert_layout(ds.to(dtype), op_layout)
+        dq = warpgroup_mma(dsb, k, dq, is_async=True)
+        dq, dsb = warpgroup_mma_wait(0, deps=(dq, dsb))
+        mbarrier.arrive(k_empty.index(s))
+    q.store((dq * sm_scale).to(dtype))  # q's buffer is free: every product that read it is done
+    fence_async_shared()
+    tma_store(dq_desc, [q_row + HALF * ROWS, q_col], q)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def attn_bwd_dq_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
+                     hi_off, dQ, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                     STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                     DROP_THRESHOLD: gl.constexpr, KEYS_EVEN: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                     GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS):
+    """bwd.attn_bwd_dq's dQ (Delta given: the caller computes it) for the seven-product path; grid (cdiv(seq_q, 128),
+    batch * H): one program per 128 queries, the forward's partitions (fwd_sm90.py): a load warp (q and dO halves
+    once, K and V through a ring of STAGES buffers) and two consumer warp groups of 64 queries, each issuing S = q K^T
+    and dP = dO V^T together and computing P while dP runs. KEYS_EVEN: seq_k a multiple of BLOCK_N."""
+    i, bh = tile_order(BANDED, GROUP_PROGRAMS)
+    start_m = (gl.num_programs(0) - 1 - i) * (2 * ROWS)  # causal: the heaviest first
+    b = bh // H
+    h = bh % H
+    q_desc = tiles(Q, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
+    do_desc = tiles(dOut, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
+    dq_desc = tiles(dQ, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
+    k_desc = tiles(K, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
+    v_desc = tiles(V, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
+    dtype: gl.constexpr = Q.dtype.element_ty
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    k_ready, v_ready, k_empty, v_empty = kv_rings(STAGES)
+    fence_async_shared()
+
+    slope, seed, start, full_start, full_end, end = query_rows(start_m, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, b,
+                                                               bh, BLOCK_N, BANDED, ALIBI, DROP_THRESHOLD)
+    n_blocks = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+    MAY_MASK: gl.constexpr = BANDED or not KEYS_EVEN
+    q_row = b * seq_q + start_m
+    q_col = h * HEAD_DIM
+    row0 = bh.to(gl.int64) * seq_q
+    kv_row = b * seq_k
+    kv_col = (h // (H // KV_H)) * HEAD_DIM
+    gl.warp_specialize([
+        (_dq_consume, (q_smem, do_smem, k_smem, v_smem, dq_desc, Lse, Delta, q_bar, k_ready, v_ready, k_empty,
+                       v_empty, q_row, q_col, row0, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k,
+                       lo_off, hi_off, sm_scale, softcap, slope, seed, keep_scale, 0, HEAD_DIM, BLOCK_N, STAGES,
+                       BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD)),
+        (_dq_consume, (q_smem, do_smem, k_smem, v_smem, dq_desc, Lse, Delta, q_bar, k_ready, v_ready, k_empty,
+                       v_empty, q_row, q_col, row0, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k,
+                       lo_off, hi_off, sm_scale, softcap, slope, seed, keep_scale, 1, HEAD_DIM, BLOCK_N, STAGES,
+                       BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD)),
+        (_dq_loads, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
+                     k_empty, v_empty, q_row, q_col, kv_row, kv_col, start, n_blocks, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, 24])
+    mbarrier.invalidate(q_bar)
+    invalidate_kv_rings(k_ready, v_ready, k_empty, v_empty, STAGES)

@@ -207,6 +207,15 @@ SM90_GLUON_DKDV = [
     dict(head_dim=128, min_seq=0, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=True, dropout=False, num_warps=4),
     dict(head_dim=64, min_seq=4096, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=False, dropout=False, num_warps=4),
 ]
+# The Gluon dQ of the seven-product path (kernels/bwd_sm90.py attn_bwd_dq_sm90: the forward's partitions, S and dP
+# issued together), which calls take it: jax_flash_amd/_launch.py gluon_dq. None yet: the candidates compile (sm90
+# ptxas: no spills at D 64 x 128 keys or D 128 x 64, 1932 bytes with ALiBi, softcap, dropout and ragged keys at once)
+# but have not run on the GPU (tests/test_gluon_bwd.py's gluon-dq cases, `hopper_rows_sweep gluondq`).
+SM90_GLUON_DQ = []
+SM90_GLUON_DQ_CANDIDATES = [
+    dict(head_dim=64, min_seq=0, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=True, num_warps=4),
+    dict(head_dim=128, min_seq=0, BLOCK_N=64, STAGES=2, CONSUMER_REGS=240, dropout=True, num_warps=4),
+]
 # _launch.py persistent_programs: the busiest program's work / when the tiled grid would finish, at most
 # (causal D 128 forward ms, tiled / persistent: 1 x 2048 x 16 0.083 / 0.066, whose fixed schedule is 1.47x the
 # mean work but 0.93x the tiled grid's finish (its last wave); 1 x 4096 x 16 0.198 / 0.221 and 1 x 16384 x 16

@@ -38,11 +38,49 @@ def tiles(T, b, seq, ROW: gl.constexpr, BLOCK_ROWS: gl.constexpr, HEAD_DIM: gl.c
 
 
 @gluon.jit
-def _loads(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
-           kv_row, kv_col, start, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma_load(q_desc, [q_row, q_col], q_bar, q_smem.index(0))
-    tma_load(q_desc, [q_row + ROWS, q_col], q_bar, q_smem.index(1))
+def kv_rings(STAGES: gl.constexpr):
+    """(k_ready, v_ready, k_empty, v_empty): the mbarriers of K's and V's rings of STAGES buffers, initialised: ready
+    completes with the TMA's bytes, empty once both consumer groups have released the buffer."""
+    bar: gl.constexpr = mbarrier.MBarrierLayout()
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(k_empty.index(s), count=2)
+        mbarrier.init(v_empty.index(s), count=2)
+    return k_ready, v_ready, k_empty, v_empty
+
+
+@gluon.jit
+def invalidate_kv_rings(k_ready, v_ready, k_empty, v_empty, STAGES: gl.constexpr):
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(k_ready.index(s))
+        mbarrier.invalidate(v_ready.index(s))
+        mbarrier.invalidate(k_empty.index(s))
+        mbarrier.invalidate(v_empty.index(s))
+
+
+@gluon.jit
+def query_rows(start_m, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, b, bh, BLOCK_N: gl.constexpr,
+               BANDED: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr):
+    """What a program of 2 * ROWS queries from start_m of row bh = batch * H + head needs besides its tiles: (ALiBi
+    slope, dropout seed, and masking.key_blocks' start, full_start, full_end, end)."""
+    slope = 0.0
+    if ALIBI:
+        slope = gl.load(Slopes + bh)
+    seed = load_seed(Seeds, bh, DROP_THRESHOLD)
+    start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, Slopes, b, 2 * ROWS,
+                                                  BLOCK_N, BANDED, False)
+    return slope, seed, start, full_start, full_end, end
+
+
+@gluon.jit
+def load_keys(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, start, n_blocks,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The load warp's loop over key blocks: K and V of each into their rings (kv_rings)."""
     for i in range(n_blocks):
         s = i % STAGES
         # a fresh barrier has completed no phase, and a wait for parity 1 passes: the first round waits for nothing
@@ -54,6 +92,16 @@ def _loads(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_rea
         mbarrier.wait(v_empty.index(s), phase)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
         tma_load(v_desc, [row, kv_col], v_ready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _loads(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
+           kv_row, kv_col, start, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma_load(q_desc, [q_row, q_col], q_bar, q_smem.index(0))
+    tma_load(q_desc, [q_row + ROWS, q_col], q_bar, q_smem.index(1))
+    load_keys(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, start, n_blocks,
+              BLOCK_N, STAGES)
 
 
 @gluon.jit
@@ -170,26 +218,13 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, 
     q_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [2, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(K.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    bar: gl.constexpr = mbarrier.MBarrierLayout()
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], bar)
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(s), count=1)
-        mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=2)  # released by both consumer groups
-        mbarrier.init(v_empty.index(s), count=2)
+    k_ready, v_ready, k_empty, v_empty = kv_rings(STAGES)
     fence_async_shared()
 
-    slope = 0.0
-    if ALIBI:
-        slope = gl.load(Slopes + bh)
-    seed = load_seed(Seeds, bh, DROP_THRESHOLD)
-    start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, Slopes, b, 2 * ROWS,
-                                                  BLOCK_N, BANDED, False)
+    slope, seed, start, full_start, full_end, end = query_rows(start_m, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, b,
+                                                               bh, BLOCK_N, BANDED, ALIBI, DROP_THRESHOLD)
     n_blocks = gl.cdiv(gl.maximum(end - start, 1), BLOCK_N)  # an empty band still runs one (masked) block
     MAY_MASK: gl.constexpr = BANDED or not KEYS_EVEN
     q_row = b * seq_q + start_m
@@ -210,8 +245,4 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, 
                   q_col, kv_row, kv_col, start, n_blocks, BLOCK_N, STAGES)),
     ], [4, 1], [CONSUMER_REGS, 24])
     mbarrier.invalidate(q_bar)
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(k_ready.index(s))
-        mbarrier.invalidate(v_ready.index(s))
-        mbarrier.invalidate(k_empty.index(s))
-        mbarrier.invalidate(v_empty.index(s))
+    invalidate_kv_rings(k_ready, v_ready, k_empty, v_empty, STAGES)

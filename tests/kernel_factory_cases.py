@@ -202,6 +202,37 @@ def case_cuda_gluon_dkdv():
             configs.SM90_GLUON_DKDV = shipped
 
 
+def case_cuda_gluon_dq():
+    """The Gluon dQ of the seven-product path (kernels/bwd_sm90.py attn_bwd_dq_sm90) as _launch.backward makes it where
+    its candidate rows serve (none shipped yet), before the Gluon dK/dV, delta from XLA; compiled for sm90."""
+    import jax.numpy as jnp
+
+    from jax_flash_amd import _launch
+    from jax_flash_amd.kernels import configs
+    from jax_flash_amd.rules import Band
+
+    fake_jax_triton(KernelWithScratch, 90)
+    cuda = CUDABackend(GPUTarget("cuda", 90, 32))
+    configs.SM90_GLUON_DQ = configs.SM90_GLUON_DQ_CANDIDATES
+    configs.SM90_GLUON_DKDV = [dict(row, min_seq=0) for row in configs.SM90_GLUON_DKDV]
+    launches = []
+
+    def record(launch):
+        launches.append(launch)
+        return tuple(jnp.zeros(s.shape, s.dtype) for s in launch.out_shapes)
+
+    q = jnp.zeros((2, 301, 4, 64), jnp.bfloat16)
+    lse = jnp.zeros((2, 4, 301), jnp.float32)
+    _launch.backward(record, "sm90", q, q, q, q, lse, q, lse,
+                     statics=_launch.Statics(0.125, Band.of(True, (-1, -1), 301, 301)))
+    assert [one.kernel.__name__ for one in launches] == ["attn_bwd_dq_sm90", "attn_bwd_dkdv_sm90"], launches
+    launch = launches[0]
+    assert launch.grid == (3, 8) and not launch.constexprs["KEYS_EVEN"], launch
+    dtypes, scalars = _signature(launch)
+    kernel, _ = call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs, num_warps=4)
+    assert kernel.args[0].startswith("attn_bwd_dq_sm90") and kernel.args[1] == 12 and kernel.args[7] > 0, kernel.args
+
+
 def case_amd_options_and_pointer_range():
     fake_jax_triton(KernelWithScratch, 0)
     hip = HIPBackend(GPUTarget("hip", "gfx942", 64))

@@ -28,11 +28,19 @@ CASES.update({
     "dropout-cross-window": dict(sq=450, sk=333, window=(60, 40), dropout=0.2),
     "dropout-seven-products": dict(sq=300, sk=300, causal=True, dropout=0.2, ds=False),
     "dropout-d64": dict(sq=300, sk=300, d=64, dropout=0.2),
+    # the Gluon dQ of the seven-product path too (configs.SM90_GLUON_DQ_CANDIDATES; none shipped yet)
+    "gluon-dq-d64-causal": dict(sq=300, sk=300, causal=True, d=64, gluon_dq=True),
+    "gluon-dq-gqa-alibi": dict(sq=300, sk=300, causal=True, h_kv=2, alibi=True, ds=False, gluon_dq=True),
+    "gluon-dq-cross": dict(sq=200, sk=333, causal=True, d=64, gluon_dq=True),
+    "gluon-dq-more-queries": dict(sq=333, sk=200, causal=True, d=64, gluon_dq=True),  # rows that see no key
+    "gluon-dq-softcap-window": dict(sq=700, sk=700, window=(100, 37), softcap=20.0, d=64, gluon_dq=True),
+    "gluon-dq-dropout": dict(sq=300, sk=300, d=64, dropout=0.2, gluon_dq=True),
+    "gluon-dq-fp16-whole": dict(sq=512, sk=512, d=64, dtype=jnp.float16, gluon_dq=True),
 })
 
 
 def _case(name):
-    return {"ds": None, **with_defaults(CASES[name])}
+    return {"ds": None, "gluon_dq": False, **with_defaults(CASES[name])}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -41,15 +49,19 @@ def _case(name):
 def test_gluon_dkdv(name, monkeypatch):
     """The backward with dK/dV through the Gluon kernel (checked: it ran), the forward through the Triton rows,
     against float64, the rows' min_seq lowered to 0 and dropout on. ds: the row's DS forced either way (None: the
-    shipped row's). seq_q 50 and 333: lse and delta padded to aligned rows (_launch._dkdv_gluon)."""
+    shipped row's). seq_q 50 and 333: lse and delta padded to aligned rows (_launch._dkdv_gluon). gluon_dq: dQ
+    through the Gluon dQ's candidate rows too."""
     c = _case(name)
     monkeypatch.setattr(configs, "SM90_GLUON_FWD", [])
     monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
     ds = {} if c["ds"] is None else {"DS": c["ds"]}
     monkeypatch.setattr(configs, "SM90_GLUON_DKDV", [dict(r, min_seq=0, dropout=True, **ds)
                                                      for r in configs.SM90_GLUON_DKDV])
+    if c["gluon_dq"]:
+        monkeypatch.setattr(configs, "SM90_GLUON_DQ", configs.SM90_GLUON_DQ_CANDIDATES)
     kernels = run_case(c, seed=29)
     assert "attn_bwd_dkdv_sm90" in kernels, kernels
+    assert ("attn_bwd_dq_sm90" in kernels) == c["gluon_dq"], kernels
     ds = c["ds"] if c["ds"] is not None else next(r["DS"] for r in configs.SM90_GLUON_DKDV if r["head_dim"] == c["d"])
     assert ("attn_bwd_dq_ds" in kernels) == ds, kernels
 
@@ -86,6 +98,22 @@ def test_gluon_dkdv_through_the_api(monkeypatch):
 ])
 def test_which_calls_take_the_gluon_dkdv(case, head, monkeypatch):
     assert takes(monkeypatch, _launch.gluon_dkdv, **{"shape": (1, 1024, 16, 128), **case}) == head
+
+
+@pytest.mark.parametrize("case, head", [
+    (dict(), None),  # no row shipped yet
+    (dict(candidates=True), 128),
+    (dict(candidates=True, shape=(2, 300, 32, 64)), 64),
+    (dict(candidates=True, dropout=0.1), 128),
+    (dict(candidates=True, segments=True), None),
+    (dict(candidates=True, rows={"dq": {"BLOCK_M": 64}}), None),
+    (dict(candidates=True, interpreted=True), None),
+])
+def test_which_calls_take_the_gluon_dq(case, head, monkeypatch):
+    case = dict(case)
+    if case.pop("candidates", False):
+        monkeypatch.setattr(configs, "SM90_GLUON_DQ", configs.SM90_GLUON_DQ_CANDIDATES)
+    assert takes(monkeypatch, _launch.gluon_dq, **{"shape": (1, 1024, 16, 128), **case}) == head
 
 
 def test_every_gluon_dkdv_row_is_within_the_kernels_limits():
