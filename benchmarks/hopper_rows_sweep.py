@@ -7,7 +7,8 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
                                                                    # d128seven, edges, bm256, dropoutds, dropoutfwd,
                                                                    # ds16k, dropouttma, dropoutwindow, dropoutfwd64,
                                                                    # windowds, d64ws, windowbanded, gluon, gluon8k,
-                                                                   # gluonwindow, gluonbwd, gluondropout, gluondq
+                                                                   # gluonwindow, gluonbwd, gluondropout, gluondq,
+                                                                   # gluonbwdwindow
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -276,6 +277,10 @@ SETS = {
                  for d, h in ((128, 16), (64, 32)) for causal in (False, True)],
     "gluondq": [((16384 // n, n, h, d), causal, (-1, -1), GLUON_DQ) for n in (4096, 16384, 1024)
                 for d, h in ((64, 32), (128, 16)) for causal in (False, True)],
+    # narrow windows through the Gluon kernels (NARROW_WINDOW 0: the Gluon forward and dK/dV, the dK/dV on the banded dS
+    # path) against the "+window" Triton rows
+    "gluonbwdwindow": [((1, 16384, 16, 128), w[1] == 0, w, {"dkdv": [dict(_limits=dict(NARROW_WINDOW=0))]})
+                       for w in ((1024, 0), (256, 256))],
     "gluondropout": [((4, 4096, 16, 128), causal, (-1, -1), GLUON_DROPOUT) for causal in (False, True)]
                     + [((1, 16384, 16, 128), False, (-1, -1), GLUON_DROPOUT), ((4, 4096, 32, 64), True, (-1, -1),
                                                                                 GLUON_DROPOUT)],

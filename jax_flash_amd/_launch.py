@@ -366,6 +366,8 @@ def gluon_dkdv(target: str, q, k, statics: Statics, extras: Operands, rows=None)
     only where the row says `dropout`."""
     if not _gluon_takes(target, q, statics, extras, rows, "dkdv", dropout=True):
         return None
+    if q.shape[0] * q.shape[2] * _cdiv(q.shape[1], 4) * 4 >= 2 ** 31:  # lse's 1-D TMA tiles: int32 coordinates
+        return None
     row = next((row for row in configs.SM90_GLUON_DKDV
                 if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]), None)
     return None if row is None or (statics.dropout_p > 0 and not row["dropout"]) else row

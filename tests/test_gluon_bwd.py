@@ -83,6 +83,7 @@ def test_gluon_dkdv_through_the_api(monkeypatch):
     (dict(causal=False), 128),
     (dict(window=(4096, 0)), 128),  # wide: one-sided in effect
     (dict(window=(1024, 0), shape=(1, 8192, 16, 128)), None),  # narrow windows: the Triton rows
+    (dict(shape=(64, 131072, 256, 128), kv_heads=256), None),  # lse's flat index past int32
     (dict(shape=(1, 1024, 16, 256)), None),  # no row for the head
     (dict(shape=(1, 1024, 16, 96)), None),  # not a whole 16-bit tile
     (dict(dtype=jnp.float32), None),
