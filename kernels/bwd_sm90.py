@@ -3,17 +3,19 @@ TMA beside q and dO (Triton 3.6's own warp specialisation raced on a third TMA t
 them through pointers: benchmarks/results/NOTES.md, "Tenth" to "Twelfth session"), and each warp group's softmax
 runs while its other product is on the tensor cores.
 
-Same contract as bwd.attn_bwd_dkdv's TMA rows (layout, GQA, bands, softcap, ALiBi; Lse in base 2, Delta from the
-caller; DS: dS^T also to the dS path's workspace, bwd.ds_tiles' layout) for 16-bit inputs with a head of 64 or 128
-and no segment ids, dropout or positions: which calls take it is jax_flash_amd/_launch.py gluon_dkdv. The scores
-and the mask are scores.py's and masking.py's, called from here.
+Same contract as bwd.attn_bwd_dkdv's TMA rows (layout, GQA, bands, softcap, ALiBi, dropout; Lse in base 2, Delta
+from the caller; DS: dS^T also to the dS path's workspace, bwd.ds_tiles' layout) for 16-bit inputs with a head of 64
+or 128 and no segment ids or positions: which calls take it is jax_flash_amd/_launch.py gluon_dkdv. The scores, the
+mask and dropout's draw are scores.py's, masking.py's and dropout.py's, called from here. Below it, a dQ kernel for
+the seven-product path (attn_bwd_dq_sm90; _launch.gluon_dq).
 
 One program per (128 keys, batch element, key/value head), in masking.tile_order's order, three partitions:
 - a load warp: the key block's K and V once, then for each query block (of each query head reading this key/value
   head) q, dO, lse and delta through a ring of STAGES buffers (TMA, mbarriers ready / empty);
 - two consumer warp groups, 64 keys each. Per query block: S^T = K q^T and dP^T = V dO^T issued together; once S^T
   is in, P^T = exp2(S^T - lse) runs while dP^T is computed; dV += P^T dO is issued, and dS^T = P^T (dP^T - delta)
-  runs beside it; dK += dS^T q is issued and left in flight until the next block's S^T is in.
+  runs beside it; dK += dS^T q is issued, and the block ends when both products are done (the other group's
+  products keep the tensor cores busy meanwhile).
 Descriptors are bounded at the end of the program's batch element (masking.element_tiles' rule)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -69,7 +71,8 @@ def _loads(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem
 @gluon.jit
 def _probs(st, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, lse,
            BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
-    """(P^T, dlogit) of an S^T tile (bwd._dkdv_tile's), lse [1, BLOCK_M] as _seen gives it."""
+    """(P, dlogit) of a score tile st (S^T in dK/dV, S in dQ; q_idx / k_idx and lse broadcast to its shape, lse as
+    bwd._seen gives it): bwd._dkdv_tile's and _dq_inner's, masked where `masked` (MAY_MASK)."""
     diag = seq_k - seq_q
     if MAY_MASK:
         if masked:
