@@ -97,7 +97,7 @@ def rows_for(run, target: str, q, k, statics: _launch.Statics, kernels: tuple[st
     if not _enabled:
         return None
     rows = {}
-    gluon = {"fwd": _launch.gluon_forward, "dkdv": _launch.gluon_dkdv}
+    gluon = {"fwd": _launch.gluon_forward, "dkdv": _launch.gluon_dkdv, "dq": _launch.gluon_dq}
     for kernel in kernels:
         if kernel in gluon and gluon[kernel](target, q, k, statics, extras, rows) is not None:
             continue  # the call takes a Gluon kernel (sm90), faster than the Triton candidates: left untuned

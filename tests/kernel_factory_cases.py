@@ -152,30 +152,57 @@ def case_cuda_gluon_dkdv():
     """The Gluon dK/dV (kernels/bwd_sm90.py) as _launch.backward makes it where _launch.gluon_dkdv holds: 128-key
     blocks, on the dS path at D 128 (its workspace in 128-key rows, what attn_bwd_dq_ds reads) and on seven products
     at D 64; compiled as Gluon with its three partitions (12 warps) and descriptor scratch."""
-    import jax.numpy as jnp
-
-    from jax_flash_amd import _launch
-    from jax_flash_amd.rules import Band
-
-    import dataclasses
-
     from jax_flash_amd.kernels import configs
-    from jax_flash_amd.operands import Operands
 
     fake_jax_triton(KernelWithScratch, 90)
     cuda = CUDABackend(GPUTarget("cuda", 90, 32))
-    configs.SM90_GLUON_DKDV = [dict(row, min_seq=0) for row in configs.SM90_GLUON_DKDV]  # this process's last use
+    shipped_dkdv = configs.SM90_GLUON_DKDV
+    configs.SM90_GLUON_DKDV = [dict(row, min_seq=0) for row in shipped_dkdv]
+    try:
+        _gluon_dkdv_launches(cuda)
+    finally:
+        configs.SM90_GLUON_DKDV = shipped_dkdv
+
+
+def _backward_launches(d, statics, extras=None):
+    """The launches _launch.backward makes for an sm90 (2, 301, 4, d) bf16 call (recorded, not run)."""
+    import jax.numpy as jnp
+
+    from jax_flash_amd import _launch
+    from jax_flash_amd.operands import Operands
+
+    launches = []
+
+    def record(launch):
+        launches.append(launch)
+        return tuple(jnp.zeros(s.shape, s.dtype) for s in launch.out_shapes)
+
+    q = jnp.zeros((2, 301, 4, d), jnp.bfloat16)
+    lse = jnp.zeros((2, 4, 301), jnp.float32)
+    _launch.backward(record, "sm90", q, q, q, q, lse, q, lse, extras or Operands(), statics=statics)
+    return launches
+
+
+def _compiles(launch, cuda, name):
+    """The launch compiled for sm90 through the factory: Gluon's three partitions (12 warps) and descriptor scratch."""
+    dtypes, scalars = _signature(launch)
+    kernel, _ = call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs, num_warps=4)
+    assert kernel.args[0].startswith(name) and kernel.args[1] == 12 and kernel.args[7] > 0, kernel.args[:3]
+
+
+def _gluon_dkdv_launches(cuda):
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from jax_flash_amd import _launch
+    from jax_flash_amd.kernels import configs
+    from jax_flash_amd.operands import Operands
+    from jax_flash_amd.rules import Band
+
     for d, kernels in ((128, ["attn_bwd_dkdv_sm90", "attn_bwd_dq_ds"]), (64, ["attn_bwd_dq", "attn_bwd_dkdv_sm90"])):
-        launches = []
-
-        def record(launch):
-            launches.append(launch)
-            return tuple(jnp.zeros(s.shape, s.dtype) for s in launch.out_shapes)
-
-        q = jnp.zeros((2, 301, 4, d), jnp.bfloat16)
-        lse = jnp.zeros((2, 4, 301), jnp.float32)
         statics = _launch.Statics(d ** -0.5, Band.of(True, (-1, -1), 301, 301))
-        _launch.backward(record, "sm90", q, q, q, q, lse, q, lse, statics=statics)
+        launches = _backward_launches(d, statics)
         assert [one.kernel.__name__ for one in launches] == kernels, launches
         (launch,) = [one for one in launches if kf.is_gluon(one.kernel)]
         assert launch.grid == (3, 8) and launch.compile_options == {"num_warps": 4}, launch
@@ -184,53 +211,52 @@ def case_cuda_gluon_dkdv():
         assert launch.args[params.index("lse_len")] == 304 and launch.args[params.index("Lse")].shape == (2, 4, 304)
         if d == 128:
             assert launch.out_shapes[2].shape == _launch.ds_workspace(2, 4, 301, 301, 128, statics.band)
-        dtypes, scalars = _signature(launch)
-        kernel, _ = call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs, num_warps=4)
-        name, warps, scratch = kernel.args[0], kernel.args[1], kernel.args[7]
-        assert name.startswith("attn_bwd_dkdv_sm90") and warps == 12 and scratch > 0, kernel.args[:3] + kernel.args[7:]
-        if d == 128:  # and with dropout, where a row lets it take the kernel
-            shipped, configs.SM90_GLUON_DKDV = configs.SM90_GLUON_DKDV, [dict(r, dropout=True)
-                                                                         for r in configs.SM90_GLUON_DKDV]
-            launches.clear()
-            seeds = Operands(seeds=jnp.zeros((2, 4, 2), jnp.int32))
-            _launch.backward(record, "sm90", q, q, q, q, lse, q, lse, seeds,
-                             statics=dataclasses.replace(statics, dropout_p=0.1))
+        _compiles(launch, cuda, "attn_bwd_dkdv_sm90")
+        if d == 128:  # and with dropout, where a row lets it take the kernel (the caller restores the rows)
+            configs.SM90_GLUON_DKDV = [dict(r, dropout=True) for r in configs.SM90_GLUON_DKDV]
+            launches = _backward_launches(d, dataclasses.replace(statics, dropout_p=0.1),
+                                          Operands(seeds=jnp.zeros((2, 4, 2), jnp.int32)))
             (launch,) = [one for one in launches if kf.is_gluon(one.kernel)]
             assert launch.constexprs["DROP_THRESHOLD"] > 0, launch.constexprs
-            dtypes, scalars = _signature(launch)
-            call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs, num_warps=4)
-            configs.SM90_GLUON_DKDV = shipped
+            _compiles(launch, cuda, "attn_bwd_dkdv_sm90")
 
 
 def case_cuda_gluon_dq():
     """The Gluon dQ of the seven-product path (kernels/bwd_sm90.py attn_bwd_dq_sm90) as _launch.backward makes it where
-    its candidate rows serve (none shipped yet), before the Gluon dK/dV, delta from XLA; compiled for sm90."""
+    its candidate rows serve (none shipped yet), before the Gluon dK/dV, delta from XLA; compiled for sm90: D 64
+    causal, and D 128 (on seven products) with a window, ALiBi, softcap and dropout at once."""
+    from jax_flash_amd.kernels import configs
+
+    fake_jax_triton(KernelWithScratch, 90)
+    shipped = configs.SM90_GLUON_DQ, configs.SM90_GLUON_DKDV, configs.DS_WORKSPACE_BYTES, configs.NARROW_WINDOW
+    configs.SM90_GLUON_DQ = configs.SM90_GLUON_DQ_CANDIDATES
+    configs.SM90_GLUON_DKDV = [dict(row, min_seq=0, dropout=True) for row in configs.SM90_GLUON_DKDV]
+    configs.DS_WORKSPACE_BYTES = 0  # D 128 on seven products too
+    configs.NARROW_WINDOW = 0  # the window (100, 37) too
+    try:
+        _gluon_dq_launches(CUDABackend(GPUTarget("cuda", 90, 32)))
+    finally:
+        configs.SM90_GLUON_DQ, configs.SM90_GLUON_DKDV, configs.DS_WORKSPACE_BYTES, configs.NARROW_WINDOW = shipped
+
+
+def _gluon_dq_launches(cuda):
     import jax.numpy as jnp
 
     from jax_flash_amd import _launch
-    from jax_flash_amd.kernels import configs
+    from jax_flash_amd.operands import Operands
     from jax_flash_amd.rules import Band
 
-    fake_jax_triton(KernelWithScratch, 90)
-    cuda = CUDABackend(GPUTarget("cuda", 90, 32))
-    configs.SM90_GLUON_DQ = configs.SM90_GLUON_DQ_CANDIDATES
-    configs.SM90_GLUON_DKDV = [dict(row, min_seq=0) for row in configs.SM90_GLUON_DKDV]
-    launches = []
-
-    def record(launch):
-        launches.append(launch)
-        return tuple(jnp.zeros(s.shape, s.dtype) for s in launch.out_shapes)
-
-    q = jnp.zeros((2, 301, 4, 64), jnp.bfloat16)
-    lse = jnp.zeros((2, 4, 301), jnp.float32)
-    _launch.backward(record, "sm90", q, q, q, q, lse, q, lse,
-                     statics=_launch.Statics(0.125, Band.of(True, (-1, -1), 301, 301)))
-    assert [one.kernel.__name__ for one in launches] == ["attn_bwd_dq_sm90", "attn_bwd_dkdv_sm90"], launches
-    launch = launches[0]
-    assert launch.grid == (3, 8) and not launch.constexprs["KEYS_EVEN"], launch
-    dtypes, scalars = _signature(launch)
-    kernel, _ = call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs, num_warps=4)
-    assert kernel.args[0].startswith("attn_bwd_dq_sm90") and kernel.args[1] == 12 and kernel.args[7] > 0, kernel.args
+    for d, band, extras in ((64, (-1, -1), {}), (128, (100, 37), dict(slopes=jnp.zeros((2, 4), jnp.float32),
+                                                                       seeds=jnp.zeros((2, 4, 2), jnp.int32)))):
+        statics = _launch.Statics(d ** -0.5, Band.of(d == 64, band, 301, 301), softcap=20.0 if extras else 0.0,
+                                  dropout_p=0.1 if extras else 0.0)
+        launches = _backward_launches(d, statics, Operands(**extras))
+        assert [one.kernel.__name__ for one in launches] == ["attn_bwd_dq_sm90", "attn_bwd_dkdv_sm90"], launches
+        launch = launches[0]
+        assert launch.grid == (3, 8) and not launch.constexprs["KEYS_EVEN"], launch
+        if extras:
+            assert launch.constexprs["ALIBI"] and launch.constexprs["SOFTCAP"] and launch.constexprs["DROP_THRESHOLD"]
+        _compiles(launch, cuda, "attn_bwd_dq_sm90")
 
 
 def case_amd_options_and_pointer_range():

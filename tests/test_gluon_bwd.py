@@ -12,7 +12,7 @@ from jax_flash_amd.kernels import configs
 from test_gluon_fwd import CASES as FWD_CASES, run_case, takes, through_the_api, with_defaults
 
 # the forward's cases (ragged blocks of b 2, cross lengths both ways, rows that see no key, GQA, ALiBi, windows,
-# softcap, D 64, fp16), each on the path its head takes by default, and the other way
+# softcap, D 64, fp16), each on the path its head takes by default; the cases below also the other path
 CASES = {name: c for name, c in FWD_CASES.items() if not c.get("real_rows")}
 CASES.update({
     "seven-products": dict(sq=300, sk=300, causal=True, ds=False),
@@ -36,6 +36,7 @@ CASES.update({
     "gluon-dq-softcap-window": dict(sq=700, sk=700, window=(100, 37), softcap=20.0, d=64, gluon_dq=True),
     "gluon-dq-dropout": dict(sq=300, sk=300, d=64, dropout=0.2, gluon_dq=True),
     "gluon-dq-fp16-whole": dict(sq=512, sk=512, d=64, dtype=jnp.float16, gluon_dq=True),
+    "gluon-dq-d128-window": dict(sq=700, sk=650, window=(100, 37), alibi=True, ds=False, gluon_dq=True),
 })
 
 
@@ -122,7 +123,8 @@ def test_every_gluon_dkdv_row_is_within_the_kernels_limits():
     dims = [row["head_dim"] for row in configs.SM90_GLUON_DKDV]
     assert sorted(dims) == [64, 128], dims
     for row in configs.SM90_GLUON_DKDV:
-        d, bm = row["head_dim"], row["BLOCK_M"]
-        tiles = (2 * 128 * d + 2 * row["STAGES"] * bm * d + 2 * 64 * bm) * 2  # K, V; q, dO ring; dS^T staging
+        d, bm, stages = row["head_dim"], row["BLOCK_M"], row["STAGES"]
+        # K, V; the q and dO ring; dS^T staging (one buffer without DS); the lse and delta ring (fp32)
+        tiles = (2 * 128 * d + 2 * stages * bm * d + (2 if row["DS"] else 1) * 64 * bm) * 2 + 2 * stages * bm * 4
         assert tiles <= 227 * 1024, row
         assert bm in (64, 128) and row["num_warps"] == 4 and 24 < row["CONSUMER_REGS"] <= 256, row
