@@ -353,46 +353,58 @@ def gluon_forward(target: str, q, k, statics: Statics, extras: Operands, rows=No
     (1024, 0) 0.358 / 0.369, (256, 256) 0.217 / 0.280), both lengths at least the row's min_seq (a short key loop or
     grid pays the program's fixed cost), and no "fwd" row given (autotuning and the rows sweep time the Triton
     rows)."""
-    if not _gluon_takes(target, q, statics, extras, rows, "fwd", dropout=True):
+    if not _gluon_takes(target, q, statics, extras, rows, "fwd"):
         return None
-    row = next((row for row in configs.SM90_GLUON_FWD
-                if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]), None)
-    return None if row is None or (statics.dropout_p > 0 and not row["dropout"]) else row
+    return _gluon_row(configs.SM90_GLUON_FWD, q, k, statics)
 
 
 def gluon_dkdv(target: str, q, k, statics: Statics, extras: Operands, rows=None) -> dict | None:
     """The configs.SM90_GLUON_DKDV row of the Gluon dK/dV (kernels/bwd_sm90.py) for this call, or None (the Triton
     rows): what gluon_forward asks (both lengths at least the row's min_seq), and no "dkdv" row given; with dropout
     only where the row says `dropout`."""
-    if not _gluon_takes(target, q, statics, extras, rows, "dkdv", dropout=True):
+    if not _gluon_takes(target, q, statics, extras, rows, "dkdv"):
         return None
     if q.shape[0] * q.shape[2] * _cdiv(q.shape[1], 4) * 4 >= 2 ** 31:  # lse's 1-D TMA tiles: int32 coordinates
         return None
-    row = next((row for row in configs.SM90_GLUON_DKDV
-                if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]), None)
-    return None if row is None or (statics.dropout_p > 0 and not row["dropout"]) else row
+    return _gluon_row(configs.SM90_GLUON_DKDV, q, k, statics)
 
 
 def gluon_dq(target: str, q, k, statics: Statics, extras: Operands, rows=None) -> dict | None:
     """The configs.SM90_GLUON_DQ row of the Gluon dQ (kernels/bwd_sm90.py, the seven-product path) for this call, or
     None (the Triton rows): as gluon_dkdv, no "dq" row given."""
-    if not _gluon_takes(target, q, statics, extras, rows, "dq", dropout=True):
+    if not _gluon_takes(target, q, statics, extras, rows, "dq"):
         return None
-    row = next((row for row in configs.SM90_GLUON_DQ
+    return _gluon_row(configs.SM90_GLUON_DQ, q, k, statics)
+
+
+def _gluon_takes(target: str, q, statics: Statics, extras: Operands, rows, kernel: str) -> bool:
+    """Whether a call may take a Gluon kernel (kernels/*_sm90.py) in place of `kernel`'s Triton rows: sm90, compiled
+    kernels launched with their compiled warp count (_jax_triton_compat), 16-bit inputs with a power-of-two head, no
+    segment ids or positions, no narrow window, and no row given for `kernel` (autotuning and the rows sweep time the
+    Triton rows). Dropout: _gluon_row."""
+    if target != "sm90" or (rows or {}).get(kernel) is not None or statics.band.narrow(configs.NARROW_WINDOW):
+        return False
+    if not _whole_16bit_tiles(q) or extras.q_segment_ids is not None:
+        return False
+    return extras.positions is None and _jax_triton_compat.launches_compiled_warps() and not interpreted()
+
+
+def _gluon_row(table: list[dict], q, k, statics: Statics) -> dict | None:
+    """The first row of a Gluon kernel's table (configs.SM90_GLUON_*) for the call's head dim whose min_seq both
+    lengths reach, if the call has no dropout or the row takes it; else None."""
+    row = next((row for row in table
                 if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]), None)
     return None if row is None or (statics.dropout_p > 0 and not row["dropout"]) else row
 
 
-def _gluon_takes(target: str, q, statics: Statics, extras: Operands, rows, kernel: str, dropout: bool = False) -> bool:
-    """Whether a call may take a Gluon kernel (kernels/*_sm90.py) in place of `kernel`'s Triton rows: sm90, compiled
-    kernels launched with their compiled warp count (_jax_triton_compat), 16-bit inputs with a power-of-two head, no
-    segment ids, dropout (unless the kernel takes it) or positions, no narrow window, and no row given for `kernel`
-    (autotuning and the rows sweep time the Triton rows)."""
-    if target != "sm90" or (rows or {}).get(kernel) is not None or statics.band.narrow(configs.NARROW_WINDOW):
-        return False
-    if not _whole_16bit_tiles(q) or (statics.dropout_p > 0 and not dropout) or extras.q_segment_ids is not None:
-        return False
-    return extras.positions is None and _jax_triton_compat.launches_compiled_warps() and not interpreted()
+def _gluon_args(q, k, statics: Statics, row: dict) -> tuple[dict, dict]:
+    """(runtime scalars, constexprs) every Gluon kernel takes (_common's it names, and the row's upper-case
+    entries)."""
+    scalars, common = _common(q, k, statics)
+    inputs = {name: scalars[name] for name in ("sm_scale", "softcap", "keep_scale", "seq_q", "seq_k", "lo_off",
+                                               "hi_off")}
+    constexprs = {name: common[name] for name in ("H", "KV_H", "HEAD_DIM", "BANDED", "SOFTCAP", "DROP_THRESHOLD")}
+    return inputs, {**constexprs, **{name: value for name, value in row.items() if name.isupper()}}
 
 
 def _forward_gluon(run: Run, q, k, v, extras: Operands, statics: Statics, row: dict):
@@ -400,12 +412,8 @@ def _forward_gluon(run: Run, q, k, v, extras: Operands, statics: Statics, row: d
     from jax_flash_amd.kernels import fwd_sm90  # Gluon: imported only where it runs
 
     b, sq, h, _ = q.shape
-    scalars, common = _common(q, k, statics)
-    constexprs = {name: common[name] for name in ("H", "KV_H", "HEAD_DIM", "BANDED", "SOFTCAP", "DROP_THRESHOLD")}
-    constexprs.update({name: value for name, value in row.items() if name.isupper()},
-                      KEYS_EVEN=k.shape[1] % row["BLOCK_N"] == 0)
-    inputs = {name: scalars[name] for name in ("sm_scale", "softcap", "keep_scale", "seq_q", "seq_k", "lo_off",
-                                               "hi_off")}
+    inputs, constexprs = _gluon_args(q, k, statics, row)
+    constexprs["KEYS_EVEN"] = k.shape[1] % row["BLOCK_N"] == 0
     return run(_launch(
         fwd_sm90.attn_fwd_sm90, grid=(_cdiv(sq, 2 * fwd_sm90.ROWS.value), b * h), inputs=dict(Q=q, K=k, V=v, **inputs),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
@@ -488,13 +496,10 @@ def _dkdv_gluon(run: Run, q, k, v, dout, lse2, delta, extras: Operands, statics:
     b, sq, h, _ = q.shape
     sk, h_kv = k.shape[1], k.shape[2]
     blocks, options = dkdv
-    scalars, common = _common(q, k, statics)
-    constexprs = {name: common[name] for name in ("H", "KV_H", "HEAD_DIM", "BANDED", "SOFTCAP", "DROP_THRESHOLD")}
-    constexprs.update({name: blocks[name] for name in ("BLOCK_M", "STAGES", "CONSUMER_REGS")}, DS=ds,
-                      EVEN=sq % blocks["BLOCK_M"] == 0 and sk % blocks["BLOCK_N"] == 0,
+    inputs, constexprs = _gluon_args(q, k, statics, {name: blocks[name] for name in ("BLOCK_M", "STAGES",
+                                                                                     "CONSUMER_REGS")})
+    constexprs.update(DS=ds, EVEN=sq % blocks["BLOCK_M"] == 0 and sk % blocks["BLOCK_N"] == 0,
                       **_ds_band(statics.band, sq, ds))
-    inputs = {name: scalars[name] for name in ("sm_scale", "softcap", "keep_scale", "seq_q", "seq_k", "lo_off",
-                                               "hi_off")}
     lse_len = _cdiv(sq, 4) * 4  # lse's and delta's rows 16-byte aligned, as the kernel's TMA tiles need
     if lse_len != sq:
         lse2, delta = (jnp.pad(x, ((0, 0), (0, 0), (0, lse_len - sq))) for x in (lse2, delta))
@@ -625,14 +630,12 @@ def _backward_7(run, target, q, k, v, out, lse2, dout, dlse, extras, statics, ro
         from jax_flash_amd.kernels import bwd_sm90  # Gluon: imported only where it runs
 
         delta = _delta(out, dout, dlse)
-        names = ("sm_scale", "softcap", "keep_scale", "seq_q", "seq_k", "lo_off", "hi_off")
+        inputs, gluon_constexprs = _gluon_args(q, k, statics, gluon)
         (dq,) = run(_launch(
             bwd_sm90.attn_bwd_dq_sm90, grid=(_cdiv(sq, 2 * bwd_sm90.ROWS.value), b * h),
-            inputs=dict(Q=q, K=k, V=v, dOut=dout, Lse=lse2, Delta=delta, **{n: scalars[n] for n in names}),
+            inputs=dict(Q=q, K=k, V=v, dOut=dout, Lse=lse2, Delta=delta, **inputs),
             out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
-            constexprs={**{n: constexprs[n] for n in ("H", "KV_H", "HEAD_DIM", "BANDED", "SOFTCAP", "DROP_THRESHOLD")},
-                        **{n: value for n, value in gluon.items() if n.isupper()},
-                        "KEYS_EVEN": k.shape[1] % gluon["BLOCK_N"] == 0},
+            constexprs={**gluon_constexprs, "KEYS_EVEN": k.shape[1] % gluon["BLOCK_N"] == 0},
             options={"num_warps": gluon["num_warps"]}, extras=extras))
         dk, dv, _ = _dkdv(run, target, q, k, v, dout, lse2, delta, extras, statics, dkdv)
         return dq, dk, dv

@@ -25,9 +25,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .bwd import ds_col, ds_shape
 from .configs import TILED_GROUP_PROGRAMS
 from .dropout import keep_at, load_seed
-from .fwd_sm90 import ROWS, invalidate_kv_rings, kv_rings, load_keys, query_rows, tiles, tma_load, tma_store
+from .fwd_sm90 import (ROWS, block_scores, invalidate_kv_rings, kv_rings, load_keys, query_rows, tiles, tma_load,
+                       tma_store)
 from .masking import query_blocks, tile_order
-from .scores import scores
 
 
 @gluon.jit
@@ -73,19 +73,8 @@ def _probs(st, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, sof
            BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
     """(P, dlogit) of a score tile st (S^T in dK/dV, S in dQ; q_idx / k_idx and lse broadcast to its shape, lse as
     bwd._seen gives it): bwd._dkdv_tile's and _dq_inner's, masked where `masked` (MAY_MASK)."""
-    diag = seq_k - seq_q
-    if MAY_MASK:
-        if masked:
-            s, scale2, dlogit = scores(st, q_idx, k_idx, 0, 0, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
-                                       slope, MASKED=True, BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP,
-                                       ALIBI=ALIBI)
-        else:
-            s, scale2, dlogit = scores(st, q_idx, k_idx, 0, 0, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
-                                       slope, MASKED=False, BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP,
-                                       ALIBI=ALIBI)
-    else:
-        s, scale2, dlogit = scores(st, q_idx, k_idx, 0, 0, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
-                                   slope, MASKED=False, BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+    s, scale2, dlogit = block_scores(st, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
+                                     BANDED, MAY_MASK, SOFTCAP, ALIBI)
     return gl.exp2(s * scale2 - lse), dlogit
 
 

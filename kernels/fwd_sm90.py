@@ -105,22 +105,34 @@ def _loads(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_rea
 
 
 @gluon.jit
+def block_scores(qk, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
+                 BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+    """scores.scores of one block's product (S or S^T: q_idx / k_idx broadcast to its shape), masked where `masked`
+    (a run-time branch, MAY_MASK: Gluon has no warp-specialisation pass to refuse it): (s, scale2, dlogit)."""
+    diag = seq_k - seq_q
+    if MAY_MASK:
+        if masked:
+            s, scale2, dlogit = scores(qk, q_idx, k_idx, 0, 0, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
+                                       slope, MASKED=True, BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP,
+                                       ALIBI=ALIBI)
+        else:
+            s, scale2, dlogit = scores(qk, q_idx, k_idx, 0, 0, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
+                                       slope, MASKED=False, BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP,
+                                       ALIBI=ALIBI)
+    else:
+        s, scale2, dlogit = scores(qk, q_idx, k_idx, 0, 0, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
+                                   slope, MASKED=False, BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+    return s, scale2, dlogit
+
+
+@gluon.jit
 def _online(qk, m, l, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed,
             BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
             DROP_THRESHOLD: gl.constexpr):
     """One key block's online-softmax step (fwd._fwd_block's): (p, m, l, alpha); dropout zeroes p after the row
     sum (the caller scales the output by keep_scale)."""
-    diag = seq_k - seq_q
-    if MAY_MASK:
-        if masked:
-            s, scale2, _ = scores(qk, q_idx, k_idx, 0, 0, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
-                                  slope, MASKED=True, BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
-        else:
-            s, scale2, _ = scores(qk, q_idx, k_idx, 0, 0, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
-                                  slope, MASKED=False, BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
-    else:
-        s, scale2, _ = scores(qk, q_idx, k_idx, 0, 0, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
-                              slope, MASKED=False, BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+    s, scale2, _ = block_scores(qk, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
+                                BANDED, MAY_MASK, SOFTCAP, ALIBI)
     m_new = gl.maximum(m, gl.max(s, axis=1) * scale2)
     m_use = m_new
     if MAY_MASK:  # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
