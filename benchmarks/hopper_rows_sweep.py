@@ -278,7 +278,7 @@ SETS = {
     "gluondq": [((16384 // n, n, h, d), causal, (-1, -1), GLUON_DQ) for n in (4096, 16384, 1024)
                 for d, h in ((64, 32), (128, 16)) for causal in (False, True)],
     # narrow windows through the Gluon kernels (NARROW_WINDOW 0: the Gluon forward and dK/dV, the dK/dV on the banded dS
-    # path) against the "+window" Triton rows
+    # path) against the "+window" Triton rows (measured so; since, the default backward takes the Gluon dK/dV there)
     "gluonbwdwindow": [((1, 16384, 16, 128), w[1] == 0, w, {"dkdv": [dict(_limits=dict(NARROW_WINDOW=0))]})
                        for w in ((1024, 0), (256, 256))],
     "gluondropout": [((4, 4096, 16, 128), causal, (-1, -1), GLUON_DROPOUT) for causal in (False, True)]

@@ -360,8 +360,8 @@ def gluon_forward(target: str, q, k, statics: Statics, extras: Operands, rows=No
 
 def gluon_dkdv(target: str, q, k, statics: Statics, extras: Operands, rows=None) -> dict | None:
     """The configs.SM90_GLUON_DKDV row of the Gluon dK/dV (kernels/bwd_sm90.py) for this call, or None (the Triton
-    rows): what gluon_forward asks (both lengths at least the row's min_seq), and no "dkdv" row given; with dropout
-    only where the row says `dropout`."""
+    rows): what gluon_forward asks (both lengths at least the row's min_seq) but narrow windows without dropout too,
+    and no "dkdv" row given; with dropout only where the row says `dropout`."""
     if not _gluon_takes(target, q, statics, extras, rows, "dkdv"):
         return None
     if q.shape[0] * q.shape[2] * _cdiv(q.shape[1], 4) * 4 >= 2 ** 31:  # lse's 1-D TMA tiles: int32 coordinates
@@ -380,9 +380,14 @@ def gluon_dq(target: str, q, k, statics: Statics, extras: Operands, rows=None) -
 def _gluon_takes(target: str, q, statics: Statics, extras: Operands, rows, kernel: str) -> bool:
     """Whether a call may take a Gluon kernel (kernels/*_sm90.py) in place of `kernel`'s Triton rows: sm90, compiled
     kernels launched with their compiled warp count (_jax_triton_compat), 16-bit inputs with a power-of-two head, no
-    segment ids or positions, no narrow window, and no row given for `kernel` (autotuning and the rows sweep time the
-    Triton rows). Dropout: _gluon_row."""
-    if target != "sm90" or (rows or {}).get(kernel) is not None or statics.band.narrow(configs.NARROW_WINDOW):
+    segment ids or positions, no narrow window but for dK/dV without dropout, and no row given for `kernel`
+    (autotuning and the rows sweep time the Triton rows). Dropout: _gluon_row. Narrow windows: the forward's short
+    key loops are faster on the "+window" rows (gluon_forward); the dK/dV's are not (H200, D 128, 1 x 16384 x 16,
+    whole backward ms, Triton / Gluon dK/dV: (1024, 0) 1.165 / 1.057, (256, 256) 0.786 / 0.796;
+    hopper_rows_sweep.py gluonbwdwindow); with dropout not measured."""
+    if target != "sm90" or (rows or {}).get(kernel) is not None:
+        return False
+    if statics.band.narrow(configs.NARROW_WINDOW) and (kernel != "dkdv" or statics.dropout_p > 0):
         return False
     if not _whole_16bit_tiles(q) or extras.q_segment_ids is not None:
         return False

@@ -189,9 +189,11 @@ _SM90_FWD64_TMA = dict(_SM90_FWD_TMA, max_block_d=64, min_block_d=64, max_banded
 # Short key loops pay the program's fixed cost (four descriptors, barriers, the pipeline's fill) with no persistent
 # grid to spread it. 3 stages or 232 registers (the second group's) at D 128 (2 stages at D 64) within 1-2 % of
 # these; 64-key blocks 5-25 % slower.
-# dropout: whether calls with dropout take it (as SM90_GLUON_DKDV's; not yet run on the GPU).
+# dropout: whether calls with dropout take it. H200, bf16, p 0.1, forward ms, Triton rows / this row
+# (hopper_rows_sweep.py gluondropout): D 128 4 x 4096 x 16 1.553 / 1.290, causal 1.004 / 0.808, 1 x 16384 5.81 /
+# 4.81; D 64 causal 4 x 4096 x 32 1.277 / 1.292 (no gain: left to the Triton rows).
 SM90_GLUON_FWD = [
-    dict(head_dim=128, min_seq=4096, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=False, num_warps=4),
+    dict(head_dim=128, min_seq=4096, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=True, num_warps=4),
     dict(head_dim=64, min_seq=8192, BLOCK_N=128, STAGES=3, CONSUMER_REGS=232, dropout=False, num_warps=4),
 ]
 # The Gluon dK/dV (kernels/bwd_sm90.py: lse and delta through TMA, each warp group's softmax beside its other
@@ -201,16 +203,18 @@ SM90_GLUON_FWD = [
 # 0.698; 4 x 4096 3.302 / 2.828, causal 1.935 / 1.589; 1 x 16384 13.05 / 10.88, causal 6.65 / 5.63. D 64 (seven
 # products; on the dS path 7-13 % slower) 4 x 4096 x 32 4.145 / 3.978, causal 2.365 / 2.317; 1 x 16384 16.01 /
 # 14.92, causal 8.72 / 7.98; but 16 x 1024 1.192 / 1.269, causal 0.824 / 0.979 (the Triton row runs persistent
-# there). 3 stages: within 3 % either way. dropout: whether calls with dropout take it (compiled, sm90 ptxas 244 / 328
-# bytes of spills full / causal at D 128; not yet run on the GPU: tests/test_gluon_bwd.py's dropout cases force it).
+# there). 3 stages: within 3 % either way. dropout: whether calls with dropout take it (sm90 ptxas 244 / 328 bytes of
+# spills full / causal at D 128); H200, bf16, p 0.1, whole backward ms, Triton rows / this (gluondropout): D 128
+# 4 x 4096 x 16 3.87 / 3.36, causal 2.25 / 2.04, 1 x 16384 15.16 / 13.22; D 64 causal 4 x 4096 x 32 3.47 / 3.16.
 SM90_GLUON_DKDV = [
-    dict(head_dim=128, min_seq=0, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=True, dropout=False, num_warps=4),
-    dict(head_dim=64, min_seq=4096, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=False, dropout=False, num_warps=4),
+    dict(head_dim=128, min_seq=0, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=True, dropout=True, num_warps=4),
+    dict(head_dim=64, min_seq=4096, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=False, dropout=True, num_warps=4),
 ]
 # The Gluon dQ of the seven-product path (kernels/bwd_sm90.py attn_bwd_dq_sm90: the forward's partitions, S and dP
-# issued together), which calls take it: jax_flash_amd/_launch.py gluon_dq. None yet: the candidates compile (sm90
-# ptxas: no spills at D 64 x 128 keys or D 128 x 64, 1932 bytes with ALiBi, softcap, dropout and ragged keys at once)
-# but have not run on the GPU (tests/test_gluon_bwd.py's gluon-dq cases, `hopper_rows_sweep gluondq`).
+# issued together), which calls take it: jax_flash_amd/_launch.py gluon_dq. None: the candidates are correct on the
+# H200 (tests/test_gluon_bwd.py's gluon-dq cases) but no faster than the Triton dQ rows; bf16, whole backward ms,
+# default / with them (hopper_rows_sweep.py gluondq): D 64 4 x 4096 x 32 3.90 / 3.98, causal 2.31 / 2.50; 16 x 1024
+# causal 0.816 / 0.977; D 128 the same (its calls take the dS path, whose dQ is attn_bwd_dq_ds).
 SM90_GLUON_DQ = []
 SM90_GLUON_DQ_CANDIDATES = [
     dict(head_dim=64, min_seq=0, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=True, num_warps=4),

@@ -223,7 +223,7 @@ def _gluon_dkdv_launches(cuda):
 
 def case_cuda_gluon_dq():
     """The Gluon dQ of the seven-product path (kernels/bwd_sm90.py attn_bwd_dq_sm90) as _launch.backward makes it where
-    its candidate rows serve (none shipped yet), before the Gluon dK/dV, delta from XLA; compiled for sm90: D 64
+    its candidate rows serve (none shipped: no faster), before the Gluon dK/dV, delta from XLA; compiled for sm90: D 64
     causal, and D 128 (on seven products) with a window, ALiBi, softcap and dropout at once."""
     from jax_flash_amd.kernels import configs
 

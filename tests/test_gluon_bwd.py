@@ -28,7 +28,7 @@ CASES.update({
     "dropout-cross-window": dict(sq=450, sk=333, window=(60, 40), dropout=0.2),
     "dropout-seven-products": dict(sq=300, sk=300, causal=True, dropout=0.2, ds=False),
     "dropout-d64": dict(sq=300, sk=300, d=64, dropout=0.2),
-    # the Gluon dQ of the seven-product path too (configs.SM90_GLUON_DQ_CANDIDATES; none shipped yet)
+    # the Gluon dQ of the seven-product path too (configs.SM90_GLUON_DQ_CANDIDATES; none shipped: no faster)
     "gluon-dq-d64-causal": dict(sq=300, sk=300, causal=True, d=64, gluon_dq=True),
     "gluon-dq-gqa-alibi": dict(sq=300, sk=300, causal=True, h_kv=2, alibi=True, ds=False, gluon_dq=True),
     "gluon-dq-cross": dict(sq=200, sk=333, causal=True, d=64, gluon_dq=True),
@@ -83,12 +83,15 @@ def test_gluon_dkdv_through_the_api(monkeypatch):
     (dict(alibi=True), 128),
     (dict(causal=False), 128),
     (dict(window=(4096, 0)), 128),  # wide: one-sided in effect
-    (dict(window=(1024, 0), shape=(1, 8192, 16, 128)), None),  # narrow windows: the Triton rows
+    (dict(window=(1024, 0), shape=(1, 8192, 16, 128)), 128),  # narrow windows too (unlike the forward)
+    (dict(window=(256, 256), shape=(1, 8192, 16, 128)), 128),
+    (dict(window=(1024, 0), shape=(1, 8192, 16, 128), dropout=0.1), None),  # but not with dropout (not measured)
     (dict(shape=(64, 131072, 256, 128), kv_heads=256), None),  # lse's flat index past int32
     (dict(shape=(1, 1024, 16, 256)), None),  # no row for the head
     (dict(shape=(1, 1024, 16, 96)), None),  # not a whole 16-bit tile
     (dict(dtype=jnp.float32), None),
-    (dict(dropout=0.1), None),  # not yet (configs.SM90_GLUON_DKDV's `dropout`)
+    (dict(dropout=0.1), 128),  # configs.SM90_GLUON_DKDV's `dropout`
+    (dict(shape=(2, 4096, 32, 64), dropout=0.1), 64),
     (dict(segments=True), None),
     (dict(positions=True), None),
     (dict(rows={"dkdv": {"BLOCK_M": 64}}), None),  # an explicit row (autotuning, the rows sweep): Triton's
@@ -103,7 +106,7 @@ def test_which_calls_take_the_gluon_dkdv(case, head, monkeypatch):
 
 
 @pytest.mark.parametrize("case, head", [
-    (dict(), None),  # no row shipped yet
+    (dict(), None),  # no row shipped (no faster than the Triton dQ)
     (dict(candidates=True), 128),
     (dict(candidates=True, shape=(2, 300, 32, 64)), 64),
     (dict(candidates=True, dropout=0.1), 128),

@@ -34,7 +34,7 @@ CASES = {
     "d64-full": dict(sq=256, sk=256, d=64),
     "fp16": dict(sq=300, sk=300, dtype=jnp.float16),
     "fp16-d64-causal": dict(sq=300, sk=300, causal=True, d=64, dtype=jnp.float16),
-    # dropout (the rows' `dropout` turned on; not yet by default)
+    # dropout (the rows' `dropout` turned on; the shipped D 128 row takes it)
     "dropout-causal": dict(sq=300, sk=300, causal=True, dropout=0.2),
     "dropout-gqa-window": dict(sq=700, sk=700, h_kv=2, window=(100, 37), dropout=0.2),
     "long-causal": dict(causal=True, b=1, real_rows=True),  # at the shipped row's min_seq
@@ -163,7 +163,8 @@ def takes(monkeypatch, rule, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 
     (dict(shape=(1, 8192, 16, 96)), None),  # not a whole 16-bit tile
     (dict(dtype=jnp.float32), None),
     (dict(dtype=jnp.float8_e4m3fn), None),
-    (dict(dropout=0.1), None),
+    (dict(dropout=0.1), 128),
+    (dict(shape=(2, 8192, 32, 64), dropout=0.1), None),  # D 64 dropout: the Triton rows (no faster in Gluon)
     (dict(segments=True), None),
     (dict(positions=True), None),
     (dict(rows={"fwd": {"BLOCK_M": 128}}), None),  # an explicit row (autotuning, the rows sweep): Triton's

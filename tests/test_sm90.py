@@ -375,8 +375,7 @@ def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, monkeyp
     slopes = jnp.asarray([[0.3, 0.1, 0.05, 0.2][:h]] * b, jnp.float32) if c["alibi"] else None
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], window, sq, sk), softcap=c["softcap"], dropout_p=p)
     if c["by_heads"]:  # room for one key/value head's workspace (of the dK/dV row the call takes): a launch per head
-        takes = _launch._dkdv_takes_tma(q, statics, Operands(seeds=seeds))
-        block_n = pick_config(target, "dkdv", d, dtype, rows, "dropout", tma=takes)[0]["BLOCK_N"]
+        block_n = _launch._dkdv_config(target, q, k, statics, Operands(seeds=seeds), rows)[0]["BLOCK_N"]  # Gluon's too
         _one_kv_head_per_launch(monkeypatch, b, h // c["h_kv"], sq, sk, block_n, Band.of(c["causal"], window, sq, sk))
     launched = []
 
