@@ -8,7 +8,7 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
                                                                    # ds16k, dropouttma, dropoutwindow, dropoutfwd64,
                                                                    # windowds, d64ws, windowbanded, gluon, gluon8k,
                                                                    # gluonwindow, gluonbwd, gluondropout, gluondq,
-                                                                   # gluonbwdwindow
+                                                                   # gluonbwdwindow, gluonbwd64
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -74,6 +74,7 @@ def _gluon_dkdv64(**change):
 
 GLUON_DKDV = {"dkdv": [dict(_limits=dict(SM90_GLUON_DKDV=[])), _gluon_dkdv(STAGES=3), _gluon_dkdv(DS=False),
                        _gluon_dkdv(DS=True), _gluon_dkdv64(BLOCK_M=128)]}
+GLUON_DKDV64 = {"dkdv": [_gluon_dkdv64(BLOCK_M=64), _gluon_dkdv64(BLOCK_M=128), _gluon_dkdv64(BLOCK_M=128, STAGES=3)]}
 # the Gluon dQ of the seven-product path (configs.SM90_GLUON_DQ_CANDIDATES) against the Triton dQ rows; D 128 on seven
 # products both ways (it takes the dS path by default), and 64-key blocks at 3 stages
 def _gluon_dq(seven=False, **change):
@@ -281,6 +282,9 @@ SETS = {
     # path) against the "+window" Triton rows (measured so; since, the default backward takes the Gluon dK/dV there)
     "gluonbwdwindow": [((1, 16384, 16, 128), w[1] == 0, w, {"dkdv": [dict(_limits=dict(NARROW_WINDOW=0))]})
                        for w in ((1024, 0), (256, 256))],
+    # the D 64 Gluon dK/dV at 64- and 128-query steps (2 and 3 stages), from any length
+    "gluonbwd64": [((16384 // n, n, 32, 64), causal, (-1, -1), GLUON_DKDV64) for n in (4096, 16384, 1024)
+                   for causal in (False, True)],
     "gluondropout": [((4, 4096, 16, 128), causal, (-1, -1), GLUON_DROPOUT) for causal in (False, True)]
                     + [((1, 16384, 16, 128), False, (-1, -1), GLUON_DROPOUT), ((4, 4096, 32, 64), True, (-1, -1),
                                                                                 GLUON_DROPOUT)],

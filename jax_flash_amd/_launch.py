@@ -396,10 +396,10 @@ def _gluon_takes(target: str, q, statics: Statics, extras: Operands, rows, kerne
 
 def _gluon_row(table: list[dict], q, k, statics: Statics) -> dict | None:
     """The first row of a Gluon kernel's table (configs.SM90_GLUON_*) for the call's head dim whose min_seq both
-    lengths reach, if the call has no dropout or the row takes it; else None."""
-    row = next((row for row in table
-                if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]), None)
-    return None if row is None or (statics.dropout_p > 0 and not row["dropout"]) else row
+    lengths reach and, if the call has dropout, that takes it; else None."""
+    return next((row for row in table
+                 if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]
+                 and (statics.dropout_p == 0 or row["dropout"])), None)
 
 
 def _gluon_args(q, k, statics: Statics, row: dict) -> tuple[dict, dict]:

@@ -205,9 +205,15 @@ SM90_GLUON_FWD = [
 # 14.92, causal 8.72 / 7.98; but 16 x 1024 1.192 / 1.269, causal 0.824 / 0.979 (the Triton row runs persistent
 # there). 3 stages: within 3 % either way. dropout: whether calls with dropout take it (sm90 ptxas 244 / 328 bytes of
 # spills full / causal at D 128); H200, bf16, p 0.1, whole backward ms, Triton rows / this (gluondropout): D 128
-# 4 x 4096 x 16 3.87 / 3.36, causal 2.25 / 2.04, 1 x 16384 15.16 / 13.22; D 64 causal 4 x 4096 x 32 3.47 / 3.16.
+# 4 x 4096 x 16 3.87 / 3.36, causal 2.25 / 2.04, 1 x 16384 15.16 / 13.22; D 64 causal 4 x 4096 x 32 3.47 / 3.16
+# (64-query steps). D 64 at 128-query steps (sm90 ptxas: 0-24 bytes of spills full, 308 causal), whole backward ms,
+# 64 / 128 (2 stages) / 128 (3 stages) (h200_gluon_dkdv64_sweep.json): 4 x 4096 x 32 3.889 / 3.510 / 3.531, causal
+# 2.320 / 2.133 / 2.140; 1 x 16384 14.45 / 13.21 / 13.25, causal 7.947 / 7.291 / 7.287; 16 x 1024 1.259 / 1.150 /
+# 1.139 (Triton rows 1.167), causal 0.981 / 0.925 / 0.939 (Triton rows 0.827). With dropout not measured: those calls
+# keep 64-query steps (the first row of the call's head dim and lengths that takes its dropout).
 SM90_GLUON_DKDV = [
     dict(head_dim=128, min_seq=0, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=True, dropout=True, num_warps=4),
+    dict(head_dim=64, min_seq=4096, BLOCK_M=128, STAGES=2, CONSUMER_REGS=240, DS=False, dropout=False, num_warps=4),
     dict(head_dim=64, min_seq=4096, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=False, dropout=True, num_warps=4),
 ]
 # The Gluon dQ of the seven-product path (kernels/bwd_sm90.py attn_bwd_dq_sm90: the forward's partitions, S and dP

@@ -3,12 +3,15 @@ on seven products (GPU only; Gluon does not run in Triton's interpreter); on any
 (_launch.gluon_dkdv). What _launch.backward launches with it, compiled for sm90 on the CPU:
 tests/kernel_factory_cases.py case_cuda_gluon_dkdv."""
 
+import jax
 import jax.numpy as jnp
 import pytest
 
 from helpers import ON_GPU
-from jax_flash_amd import _launch
+from jax_flash_amd import _jax_triton_compat, _launch
 from jax_flash_amd.kernels import configs
+from jax_flash_amd.operands import Operands
+from jax_flash_amd.rules import Band
 from test_gluon_fwd import CASES as FWD_CASES, run_case, takes, through_the_api, with_defaults
 
 # the forward's cases (ragged blocks of b 2, cross lengths both ways, rows that see no key, GQA, ALiBi, windows,
@@ -49,14 +52,14 @@ def _case(name):
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_gluon_dkdv(name, monkeypatch):
     """The backward with dK/dV through the Gluon kernel (checked: it ran), the forward through the Triton rows,
-    against float64, the rows' min_seq lowered to 0 and dropout on. ds: the row's DS forced either way (None: the
-    shipped row's). seq_q 50 and 333: lse and delta padded to aligned rows (_launch._dkdv_gluon). gluon_dq: dQ
-    through the Gluon dQ's candidate rows too."""
+    against float64, the rows' min_seq lowered to 0 (with dropout the row that takes it: D 64's 64-query steps).
+    ds: the row's DS forced either way (None: the shipped row's). seq_q 50 and 333: lse and delta padded to aligned
+    rows (_launch._dkdv_gluon). gluon_dq: dQ through the Gluon dQ's candidate rows too."""
     c = _case(name)
     monkeypatch.setattr(configs, "SM90_GLUON_FWD", [])
     monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
     ds = {} if c["ds"] is None else {"DS": c["ds"]}
-    monkeypatch.setattr(configs, "SM90_GLUON_DKDV", [dict(r, min_seq=0, dropout=True, **ds)
+    monkeypatch.setattr(configs, "SM90_GLUON_DKDV", [dict(r, min_seq=0, **ds)
                                                      for r in configs.SM90_GLUON_DKDV])
     if c["gluon_dq"]:
         monkeypatch.setattr(configs, "SM90_GLUON_DQ", configs.SM90_GLUON_DQ_CANDIDATES)
@@ -105,6 +108,17 @@ def test_which_calls_take_the_gluon_dkdv(case, head, monkeypatch):
     assert takes(monkeypatch, _launch.gluon_dkdv, **{"shape": (1, 1024, 16, 128), **case}) == head
 
 
+@pytest.mark.parametrize("dropout, block_m", [(0.0, 128), (0.1, 64)])
+def test_d64_dkdv_steps_by_dropout(dropout, block_m, monkeypatch):
+    """D 64: 128-query steps, but 64 with dropout (configs.SM90_GLUON_DKDV: the row measured with it)."""
+    monkeypatch.setattr(_launch, "interpreted", lambda: False)
+    monkeypatch.setattr(_jax_triton_compat, "versions", lambda: {"jax-triton": (0, 3, 1), "triton": (3, 6, 0),
+                                                                 "jax": (0, 11, 2)})
+    q = jax.ShapeDtypeStruct((2, 4096, 32, 64), jnp.bfloat16)
+    statics = _launch.Statics(0.125, Band.of(True, (-1, -1), 4096, 4096), dropout_p=dropout)
+    assert _launch.gluon_dkdv("sm90", q, q, statics, Operands())["BLOCK_M"] == block_m
+
+
 @pytest.mark.parametrize("case, head", [
     (dict(), None),  # no row shipped (no faster than the Triton dQ)
     (dict(candidates=True), 128),
@@ -122,9 +136,13 @@ def test_which_calls_take_the_gluon_dq(case, head, monkeypatch):
 
 
 def test_every_gluon_dkdv_row_is_within_the_kernels_limits():
-    """Rows as data, checked: one per head dim the kernel takes, within its shared memory."""
-    dims = [row["head_dim"] for row in configs.SM90_GLUON_DKDV]
-    assert sorted(dims) == [64, 128], dims
+    """Rows as data, checked: for each head dim the kernel takes a row for calls with dropout and one without (which
+    may be the same), within its shared memory."""
+    for d in (64, 128):
+        for p in (0.0, 0.1):
+            q = jax.ShapeDtypeStruct((1, 1 << 20, 1, d), jnp.bfloat16)
+            statics = _launch.Statics(1.0, Band.of(False, (-1, -1), 1, 1), dropout_p=p)
+            assert _launch._gluon_row(configs.SM90_GLUON_DKDV, q, q, statics), (d, p)
     for row in configs.SM90_GLUON_DKDV:
         d, bm, stages = row["head_dim"], row["BLOCK_M"], row["STAGES"]
         # K, V; the q and dO ring; dS^T staging (one buffer without DS); the lse and delta ring (fp32)
