@@ -8,7 +8,7 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
                                                                    # ds16k, dropouttma, dropoutwindow, dropoutfwd64,
                                                                    # windowds, d64ws, windowbanded, gluon, gluon8k,
                                                                    # gluonwindow, gluonbwd, gluondropout, gluondq,
-                                                                   # gluonbwdwindow, gluonbwd64
+                                                                   # gluonbwdwindow, gluonbwd64, gluonfp8
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from jax_flash_amd import _launch, _triton, reference
 from jax_flash_amd._config_choice import pick_config
+from jax_flash_amd.fp8 import quantize_fp8
 from jax_flash_amd.kernels import configs
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
@@ -84,6 +85,13 @@ def _gluon_dq(seven=False, **change):
 
 GLUON_DQ = {"dq": [_gluon_dq(), _gluon_dq(BLOCK_N=64, STAGES=3), dict(_limits=dict(DS_WORKSPACE_BYTES=0)),
                    _gluon_dq(seven=True)]}
+
+# the Gluon forward for fp8 inputs (configs.SM90_GLUON_FWD_FP8_CANDIDATES, 2 and 3 stages) against the Triton fp8 rows
+def _gluon_fp8(**change):
+    return dict(_limits=dict(SM90_GLUON_FWD_FP8=[dict(r, **change) for r in configs.SM90_GLUON_FWD_FP8_CANDIDATES]))
+
+
+GLUON_FP8 = {"fwd": [_gluon_fp8(), _gluon_fp8(STAGES=3)], "_fp8": True}
 
 # dropout through the Gluon kernels (their rows' `dropout` on) against the Triton rows it takes by default
 GLUON_DROPOUT = {"fwd": [_gluon(dropout=True)], "dkdv": [_gluon_dkdv(dropout=True)], "_dropout": 0.1}
@@ -285,6 +293,8 @@ SETS = {
     # the D 64 Gluon dK/dV at 64- and 128-query steps (2 and 3 stages), from any length
     "gluonbwd64": [((16384 // n, n, 32, 64), causal, (-1, -1), GLUON_DKDV64) for n in (4096, 16384, 1024)
                    for causal in (False, True)],
+    "gluonfp8": [((16384 // n, n, 16, 128), causal, (-1, -1), GLUON_FP8) for n in (4096, 16384, 1024)
+                 for causal in (False, True)] + [((4, 4096, 32, 64), True, (-1, -1), GLUON_FP8)],
     "gluondropout": [((4, 4096, 16, 128), causal, (-1, -1), GLUON_DROPOUT) for causal in (False, True)]
                     + [((1, 16384, 16, 128), False, (-1, -1), GLUON_DROPOUT), ((4, 4096, 32, 64), True, (-1, -1),
                                                                                 GLUON_DROPOUT)],
@@ -318,11 +328,15 @@ def main(out_path, sets):
         candidates = dict(candidates)
         limits = candidates.pop("_limits", {})  # for the candidates only: the defaults run the shipped ones
         dropout_p = candidates.pop("_dropout", 0.0)
+        fp8_inputs = candidates.pop("_fp8", False)
         shipped_limits = {key: getattr(configs, key) for key in limits}
         ks = jax.random.split(jax.random.key(0), 4)
         q, k, v, do = (jax.random.normal(x, (b, n, h, d), jnp.bfloat16) for x in ks)
         statics = _launch.Statics(d ** -0.5, Band.of(causal, window, n, n), dropout_p=dropout_p)
         extras = Operands(seeds=reference.dropout_seeds(jax.random.key(1), b, h) if dropout_p else None)
+        if fp8_inputs:  # forward only: per-head quantised inputs and their descales
+            (q, qd), (k, kd), (v, vd) = (quantize_fp8(x) for x in (q, k, v))
+            extras = Operands(q_descale=qd, k_descale=kd, v_descale=vd)
         dlse = jnp.zeros((b, h, n), jnp.float32)
         line = dict(shape=(b, n, h, d), causal=causal, window=window, **({"dropout": dropout_p} if dropout_p else {}))
 
@@ -341,7 +355,7 @@ def main(out_path, sets):
             ref["bwd"] = bwd(None)(q, k, v, out, lse, do)
         args = {"fwd": (q, k, v), "bwd": (q, k, v, out, lse, do)}
         make = {"fwd": fwd, "bwd": bwd}
-        if "fwd" in candidates and window == (-1, -1):  # the peer, same run
+        if "fwd" in candidates and window == (-1, -1) and not fp8_inputs:  # the peer, same run
             cudnn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                                          implementation="cudnn"))
             line["cudnn_fwd_ms"] = round(median_seconds(cudnn, q, k, v, budget_s=0.3) * 1e3, 4)

@@ -348,14 +348,14 @@ def interpreted() -> bool:
 def gluon_forward(target: str, q, k, statics: Statics, extras: Operands, rows=None) -> dict | None:
     """The configs.SM90_GLUON_FWD row of the Gluon forward (kernels/fwd_sm90.py) for this call, or None (the Triton
     forward): sm90, compiled kernels launched with their compiled warp count (_jax_triton_compat), 16-bit inputs
-    with a head of a row's size, no segment ids or positions, no dropout unless the row says `dropout`, no narrow
+    (fp8: configs.SM90_GLUON_FWD_FP8's rows) with a head of a row's size, no segment ids or positions, no dropout unless the row says `dropout`, no narrow
     window (its short key loops are faster on the "+window" rows: H200, D 128, 1 x 16384 x 16, ms, Triton / Gluon:
     (1024, 0) 0.358 / 0.369, (256, 256) 0.217 / 0.280), both lengths at least the row's min_seq (a short key loop or
     grid pays the program's fixed cost), and no "fwd" row given (autotuning and the rows sweep time the Triton
     rows)."""
     if not _gluon_takes(target, q, statics, extras, rows, "fwd"):
         return None
-    return _gluon_row(configs.SM90_GLUON_FWD, q, k, statics)
+    return _gluon_row(configs.SM90_GLUON_FWD_FP8 if fp8.is_fp8(q.dtype) else configs.SM90_GLUON_FWD, q, k, statics)
 
 
 def gluon_dkdv(target: str, q, k, statics: Statics, extras: Operands, rows=None) -> dict | None:
@@ -379,9 +379,9 @@ def gluon_dq(target: str, q, k, statics: Statics, extras: Operands, rows=None) -
 
 def _gluon_takes(target: str, q, statics: Statics, extras: Operands, rows, kernel: str) -> bool:
     """Whether a call may take a Gluon kernel (kernels/*_sm90.py) in place of `kernel`'s Triton rows: sm90, compiled
-    kernels launched with their compiled warp count (_jax_triton_compat), 16-bit inputs with a power-of-two head, no
-    segment ids or positions, no narrow window but for dK/dV without dropout, and no row given for `kernel`
-    (autotuning and the rows sweep time the Triton rows). Dropout: _gluon_row. Narrow windows: the forward's short
+    kernels launched with their compiled warp count (_jax_triton_compat), 16-bit inputs (the forward: fp8 too) with a
+    power-of-two head, no segment ids or positions, no narrow window but for dK/dV without dropout, and no row given
+    for `kernel` (autotuning and the rows sweep time the Triton rows). Dropout: _gluon_row. Narrow windows: the forward's short
     key loops are faster on the "+window" rows (gluon_forward); the dK/dV's are not (H200, D 128, 1 x 16384 x 16,
     whole backward ms, Triton / Gluon dK/dV: (1024, 0) 1.165 / 1.057, (256, 256) 0.786 / 0.796;
     hopper_rows_sweep.py gluonbwdwindow); with dropout not measured."""
@@ -389,7 +389,8 @@ def _gluon_takes(target: str, q, statics: Statics, extras: Operands, rows, kerne
         return False
     if statics.band.narrow(configs.NARROW_WINDOW) and (kernel != "dkdv" or statics.dropout_p > 0):
         return False
-    if not _whole_16bit_tiles(q) or extras.q_segment_ids is not None:
+    fp8_tiles = kernel == "fwd" and fp8.is_fp8(q.dtype) and block_d(q.shape[3], q.dtype) == q.shape[3]
+    if not (_whole_16bit_tiles(q) or fp8_tiles) or extras.q_segment_ids is not None:
         return False
     return extras.positions is None and _jax_triton_compat.launches_compiled_warps() and not interpreted()
 
@@ -419,9 +420,13 @@ def _forward_gluon(run: Run, q, k, v, extras: Operands, statics: Statics, row: d
     b, sq, h, _ = q.shape
     inputs, constexprs = _gluon_args(q, k, statics, row)
     constexprs["KEYS_EVEN"] = k.shape[1] % row["BLOCK_N"] == 0
+    constexprs["P8_LOG2"] = fp8.P_LOG2.get(jnp.dtype(q.dtype), 0)
+    if fp8.is_fp8(q.dtype):  # kernels/fwd_sm90.py: V^T's tiles, a bfloat16 output
+        v = keys_last(run, "sm90", v)
+    out_dtype = jnp.bfloat16 if fp8.is_fp8(q.dtype) else q.dtype
     return run(_launch(
         fwd_sm90.attn_fwd_sm90, grid=(_cdiv(sq, 2 * fwd_sm90.ROWS.value), b * h), inputs=dict(Q=q, K=k, V=v, **inputs),
-        out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
+        out_shapes=(jax.ShapeDtypeStruct(q.shape, out_dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
         constexprs=constexprs, options={"num_warps": row["num_warps"]}, extras=extras))
 
 

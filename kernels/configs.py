@@ -196,6 +196,15 @@ SM90_GLUON_FWD = [
     dict(head_dim=128, min_seq=4096, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=True, num_warps=4),
     dict(head_dim=64, min_seq=8192, BLOCK_N=128, STAGES=3, CONSUMER_REGS=232, dropout=False, num_warps=4),
 ]
+# The Gluon forward for fp8 inputs (kernels/fwd_sm90.py, P8_LOG2): which calls take it as SM90_GLUON_FWD's (its
+# rule, _launch.gluon_forward). None yet: the candidates compile (tests/kernel_factory_cases.py) but have not run on the
+# GPU (tests/test_gluon_fwd.py's fp8 cases force them; `hopper_rows_sweep gluonfp8` times them). 8-bit tiles take
+# half the shared memory of 16-bit ones: 3 stages fit with the bfloat16 output's own buffers.
+SM90_GLUON_FWD_FP8 = []
+SM90_GLUON_FWD_FP8_CANDIDATES = [
+    dict(head_dim=128, min_seq=0, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=False, num_warps=4),
+    dict(head_dim=64, min_seq=0, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=False, num_warps=4),
+]
 # The Gluon dK/dV (kernels/bwd_sm90.py: lse and delta through TMA, each warp group's softmax beside its other
 # product), which calls take it: jax_flash_amd/_launch.py gluon_dkdv, from min_seq queries and keys. 128 keys per
 # program, BLOCK_M queries per step; DS: on the dS path (dK/dV also stores dS^T). H200, bf16, whole backward ms,

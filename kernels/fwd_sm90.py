@@ -2,8 +2,10 @@
 warp specialisation cannot express (benchmarks/results/NOTES.md, "Ninth" and "Eighteenth session").
 
 Same contract as fwd.attn_fwd (layout, GQA, bands, softcap, ALiBi, dropout; lse in base 2), for 16-bit inputs with a
-head of 64 or 128 and no segment ids, fp8 or positions: which calls take it is jax_flash_amd/_launch.py
-gluon_forward. The scores and the mask are scores.py's and masking.py's, called from here.
+head of 64 or 128 and no segment ids or positions: which calls take it is jax_flash_amd/_launch.py gluon_forward. The
+scores and the mask are scores.py's and masking.py's, called from here. FP8 (P8_LOG2 > 0): fwd.attn_fwd's scheme
+(the descales, P scaled by 2 ** P8_LOG2 and rounded to fp8, V transposed by fwd.keys_last: fp8 wgmma reads B with its
+contraction dimension contiguous), the output bfloat16 through a buffer of its own.
 
 One program per (128 queries, batch element, head), in masking.tile_order's order, three partitions:
 - a load warp: Q once, then each key block's K and V through a ring of STAGES buffers (TMA, mbarriers ready / empty);
@@ -33,8 +35,18 @@ ROWS = gl.constexpr(64)  # queries per consumer warp group: wgmma's M for one wa
 def tiles(T, b, seq, ROW: gl.constexpr, BLOCK_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
     """[BLOCK_ROWS, HEAD_DIM] tiles of (batch, seq, heads, HEAD_DIM) T viewed as (batch * seq, ROW), bounded at
     the end of batch element b (masking.element_tiles)."""
-    layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_ROWS, HEAD_DIM], T.dtype.element_ty)
     return tma.make_tensor_descriptor(T, [(b + 1) * seq, ROW], [ROW, 1], [BLOCK_ROWS, HEAD_DIM], layout)
+
+
+@gluon.jit
+def keys_last_tiles(Vt, b, seq_k, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr):
+    """[HEAD_DIM, BLOCK_N] tiles of fwd.keys_last's (batch, KV_H, HEAD_DIM, seq_k rounded up to 16) Vt: a tile holds
+    one head's rows, and keys past seq_k are keys_last's zeros, or past the row's end, the descriptor's."""
+    seq_pad = (seq_k + 15) // 16 * 16
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HEAD_DIM, BLOCK_N], Vt.dtype.element_ty)
+    return tma.make_tensor_descriptor(Vt, [(b + 1) * KV_H * HEAD_DIM, seq_pad], [seq_pad, 1], [HEAD_DIM, BLOCK_N],
+                                      layout)
 
 
 @gluon.jit
@@ -79,8 +91,9 @@ def query_rows(start_m, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, b, bh, BLOC
 
 @gluon.jit
 def load_keys(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, start, n_blocks,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """The load warp's loop over key blocks: K and V of each into their rings (kv_rings)."""
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, vt_row=0, V_T: gl.constexpr = False):
+    """The load warp's loop over key blocks: K and V of each into their rings (kv_rings). V_T: v_desc is
+    keys_last_tiles', its head's rows from vt_row."""
     for i in range(n_blocks):
         s = i % STAGES
         # a fresh barrier has completed no phase, and a wait for parity 1 passes: the first round waits for nothing
@@ -91,17 +104,20 @@ def load_keys(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
         tma_load(k_desc, [row, kv_col], k_ready.index(s), k_smem.index(s))
         mbarrier.wait(v_empty.index(s), phase)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        tma_load(v_desc, [row, kv_col], v_ready.index(s), v_smem.index(s))
+        if V_T:
+            tma_load(v_desc, [vt_row, start + i * BLOCK_N], v_ready.index(s), v_smem.index(s))
+        else:
+            tma_load(v_desc, [row, kv_col], v_ready.index(s), v_smem.index(s))
 
 
 @gluon.jit
 def _loads(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
-           kv_row, kv_col, start, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+           kv_row, kv_col, vt_row, start, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, V_T: gl.constexpr):
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
     tma_load(q_desc, [q_row, q_col], q_bar, q_smem.index(0))
     tma_load(q_desc, [q_row + ROWS, q_col], q_bar, q_smem.index(1))
     load_keys(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, start, n_blocks,
-              BLOCK_N, STAGES)
+              BLOCK_N, STAGES, vt_row, V_T)
 
 
 @gluon.jit
@@ -128,16 +144,19 @@ def block_scores(qk, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scal
 @gluon.jit
 def _online(qk, m, l, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed,
             BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-            DROP_THRESHOLD: gl.constexpr):
+            DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr):
     """One key block's online-softmax step (fwd._fwd_block's): (p, m, l, alpha); dropout zeroes p after the row
-    sum (the caller scales the output by keep_scale)."""
+    sum (the caller scales the output by keep_scale); fp8: p and l carry 2 ** P8_LOG2."""
     s, scale2, _ = block_scores(qk, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
                                 BANDED, MAY_MASK, SOFTCAP, ALIBI)
     m_new = gl.maximum(m, gl.max(s, axis=1) * scale2)
     m_use = m_new
     if MAY_MASK:  # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s * scale2 - gl.expand_dims(m_use, 1))
+    shift = m_use
+    if P8_LOG2 > 0:
+        shift = m_use - P8_LOG2
+    p = gl.exp2(s * scale2 - gl.expand_dims(shift, 1))
     alpha = gl.exp2(m - m_use)
     l = l * alpha + gl.sum(p, axis=1)
     if DROP_THRESHOLD > 0:
@@ -146,17 +165,31 @@ def _online(qk, m, l, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_sca
 
 
 @gluon.jit
-def _consume(q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col, lse_row,
-             start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
-             seed, keep_scale, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-             DROP_THRESHOLD: gl.constexpr):
-    """Queries [start_m + HALF * ROWS, + ROWS): the key blocks from `start`, masked outside [full_start, full_end)."""
+def _pv(p, v_smem, acc, p_layout: gl.constexpr, V_T: gl.constexpr):
+    """acc += P V, issued (is_async): V's buffer as loaded, or with V_T keys_last_tiles' [HEAD_DIM, BLOCK_N]."""
+    p = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+    if V_T:
+        acc = warpgroup_mma(p, v_smem.permute((1, 0)), acc, is_async=True)
+    else:
+        acc = warpgroup_mma(p, v_smem, acc, is_async=True)
+    return acc
+
+
+@gluon.jit
+def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
+             lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
+             slope, seed, keep_scale, v_descale, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+             STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr,
+             ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr):
+    """Queries [start_m + HALF * ROWS, + ROWS): the key blocks from `start`, masked outside [full_start, full_end).
+    o_smem: the output's staging buffers (q_smem's for 16-bit inputs)."""
+    BITS: gl.constexpr = q_smem.dtype.primitive_bitwidth
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
+                                                       instr_shape=[16, BLOCK_N, 256 // BITS])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+                                                       instr_shape=[16, HEAD_DIM, 256 // BITS])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=32 // BITS)
+    V_T: gl.constexpr = P8_LOG2 > 0
     q = q_smem.index(HALF)
     rows = start_m + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     q_idx = gl.expand_dims(rows, 1)
@@ -173,7 +206,7 @@ def _consume(q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_emp
     mbarrier.arrive(k_empty.index(0))
     p, m, l, alpha = _online(qk, m, l, q_idx, k_idx + start, (start < full_start) | (start >= full_end), seq_q,
                              seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, BANDED, MAY_MASK, SOFTCAP, ALIBI,
-                             DROP_THRESHOLD)
+                             DROP_THRESHOLD, P8_LOG2)
     for i in range(1, n_blocks):
         cur = i % STAGES
         prev = (i - 1) % STAGES
@@ -182,18 +215,18 @@ def _consume(q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_emp
         mbarrier.wait(k_ready.index(cur), (i // STAGES) & 1)
         qk = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), qk, use_acc=False, is_async=True)
         mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
-        acc = warpgroup_mma(gl.convert_layout(p.to(q.dtype), p_layout), v_smem.index(prev), acc, is_async=True)
+        acc = _pv(p, v_smem.index(prev), acc, p_layout, V_T)
         qk = warpgroup_mma_wait(1, deps=(qk,))
         mbarrier.arrive(k_empty.index(cur))
         p, m, l, alpha = _online(qk, m, l, q_idx, k_idx + start_n, (start_n < full_start) | (start_n >= full_end),
                                  seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, BANDED, MAY_MASK,
-                                 SOFTCAP, ALIBI, DROP_THRESHOLD)
+                                 SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_empty.index(prev))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
     last = (n_blocks - 1) % STAGES
     mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-    acc = warpgroup_mma(gl.convert_layout(p.to(q.dtype), p_layout), v_smem.index(last), acc, is_async=True)
+    acc = _pv(p, v_smem.index(last), acc, p_layout, V_T)
     acc = warpgroup_mma_wait(0, deps=(acc,))
     mbarrier.arrive(v_empty.index(last))
 
@@ -203,22 +236,27 @@ def _consume(q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_emp
     out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
     if DROP_THRESHOLD > 0:
         out = out * keep_scale
-    q.store(out.to(q.dtype))  # Q's buffer is free: both products that read it are done
+    if P8_LOG2 > 0:
+        out = out * v_descale
+    o = o_smem.index(HALF)
+    o.store(out.to(o.dtype))  # with 16-bit inputs Q's buffer, free: both products that read it are done
     fence_async_shared()
-    tma_store(o_desc, [q_row + HALF * ROWS, q_col], q)
-    gl.store(Lse + lse_row + rows, gl.where(empty, float("-inf"), m + gl.log2(l_safe)), mask=rows < seq_q)
+    tma_store(o_desc, [q_row + HALF * ROWS, q_col], o)
+    gl.store(Lse + lse_row + rows, gl.where(empty, float("-inf"), m + gl.log2(l_safe) - P8_LOG2), mask=rows < seq_q)
     tma.store_wait(0)
 
 
 @gluon.jit
-def attn_fwd_sm90(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse,
-                  H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                  DROP_THRESHOLD: gl.constexpr, KEYS_EVEN: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softcap, keep_scale, seq_q, seq_k,
+                  lo_off, hi_off, Out, Lse, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr,
+                  ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, KEYS_EVEN: gl.constexpr,
+                  CONSUMER_REGS: gl.constexpr, P8_LOG2: gl.constexpr = 0,
                   GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS):
-    """fwd.attn_fwd's arguments of the same names; grid (cdiv(seq_q, 128), batch * H). KEYS_EVEN: seq_k is a
-    multiple of BLOCK_N (else the last key block is masked). CONSUMER_REGS: registers per thread of the second
-    consumer group (a worker partition; the first is the default partition, which gets what the workers leave)."""
+    """fwd.attn_fwd's arguments of the same names (fp8: V is fwd.keys_last's); grid (cdiv(seq_q, 128), batch * H).
+    KEYS_EVEN: seq_k is a multiple of BLOCK_N (else the last key block is masked). CONSUMER_REGS: registers per thread
+    of the second consumer group (a worker partition; the first is the default partition, which gets what the workers
+    leave)."""
     i, bh = tile_order(BANDED, GROUP_PROGRAMS)
     start_m = (gl.num_programs(0) - 1 - i) * (2 * ROWS)
     b = bh // H
@@ -226,10 +264,20 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, 
     q_desc = tiles(Q, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
     o_desc = tiles(Out, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
     k_desc = tiles(K, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
-    v_desc = tiles(V, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
+    kv_h = h // (H // KV_H)
     q_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [2, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(K.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    v_descale = 1.0
+    if P8_LOG2 > 0:  # fp8: V^T's tiles, the descales, the bfloat16 output's own buffers
+        v_desc = keys_last_tiles(V, b, seq_k, KV_H, HEAD_DIM, BLOCK_N)
+        v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, HEAD_DIM, BLOCK_N], v_desc.layout)
+        o_smem = gl.allocate_shared_memory(Out.dtype.element_ty, [2, ROWS, HEAD_DIM], o_desc.layout)
+        sm_scale = sm_scale * gl.load(QDescale + b * KV_H + kv_h) * gl.load(KDescale + b * KV_H + kv_h)
+        v_descale = gl.load(VDescale + b * KV_H + kv_h)
+    else:
+        v_desc = tiles(V, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
+        v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        o_smem = q_smem
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     k_ready, v_ready, k_empty, v_empty = kv_rings(STAGES)
@@ -243,18 +291,19 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, 
     q_col = h * HEAD_DIM
     lse_row = bh.to(gl.int64) * seq_q
     kv_row = b * seq_k
-    kv_col = (h // (H // KV_H)) * HEAD_DIM
+    kv_col = kv_h * HEAD_DIM
+    vt_row = (b * KV_H + kv_h) * HEAD_DIM
     gl.warp_specialize([
-        (_consume, (q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
-                    lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale,
-                    softcap, slope, seed, keep_scale, 0, HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI,
-                    DROP_THRESHOLD)),
-        (_consume, (q_smem, k_smem, v_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
-                    lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale,
-                    softcap, slope, seed, keep_scale, 1, HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI,
-                    DROP_THRESHOLD)),
+        (_consume, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_empty, v_empty, q_row,
+                    q_col, lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off,
+                    sm_scale, softcap, slope, seed, keep_scale, v_descale, 0, HEAD_DIM, BLOCK_N, STAGES, BANDED,
+                    MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2)),
+        (_consume, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_empty, v_empty, q_row,
+                    q_col, lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off,
+                    sm_scale, softcap, slope, seed, keep_scale, v_descale, 1, HEAD_DIM, BLOCK_N, STAGES, BANDED,
+                    MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2)),
         (_loads, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, q_row,
-                  q_col, kv_row, kv_col, start, n_blocks, BLOCK_N, STAGES)),
+                  q_col, kv_row, kv_col, vt_row, start, n_blocks, BLOCK_N, STAGES, P8_LOG2 > 0)),
     ], [4, 1], [CONSUMER_REGS, 24])
     mbarrier.invalidate(q_bar)
     invalidate_kv_rings(k_ready, v_ready, k_empty, v_empty, STAGES)

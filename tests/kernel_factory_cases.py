@@ -135,13 +135,50 @@ def case_cuda_gluon_forward():
     call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs, num_warps=4)
 
 
+def case_cuda_gluon_fp8_forward():
+    """The Gluon forward for fp8 inputs (kernels/fwd_sm90.py P8_LOG2) as _launch.forward makes it where its candidate
+    rows serve (none shipped yet): V transposed by keys_last first, a bfloat16 output; compiled for sm90 at D 128
+    (causal, ragged, ALiBi and softcap) and D 64."""
+    import jax.numpy as jnp
+
+    from jax_flash_amd import _launch
+    from jax_flash_amd.kernels import configs
+    from jax_flash_amd.operands import Operands
+    from jax_flash_amd.rules import Band
+
+    launches = []
+
+    def record(launch):
+        launches.append(launch)
+        return tuple(jnp.zeros(s.shape, s.dtype) for s in launch.out_shapes)
+
+    fake_jax_triton(KernelWithScratch, 90)
+    cuda = CUDABackend(GPUTarget("cuda", 90, 32))
+    shipped, configs.SM90_GLUON_FWD_FP8 = configs.SM90_GLUON_FWD_FP8, configs.SM90_GLUON_FWD_FP8_CANDIDATES
+    try:
+        for d, variant in ((128, True), (64, False)):
+            q = jnp.zeros((2, 301, 4, d), jnp.float8_e4m3fn)
+            descale = jnp.ones((2, 4), jnp.float32)
+            extras = Operands(q_descale=descale, k_descale=descale, v_descale=descale,
+                              slopes=jnp.zeros((2, 4), jnp.float32) if variant else None)
+            statics = _launch.Statics(d ** -0.5, Band.of(variant, (-1, -1), 301, 301), softcap=20.0 * variant)
+            launches.clear()
+            out, _ = _launch.forward(record, "sm90", q, q, q, extras, statics=statics)
+            assert [x.kernel.__name__ for x in launches] == ["keys_last", "attn_fwd_sm90"], launches
+            assert out.dtype == jnp.bfloat16 and launches[1].constexprs["P8_LOG2"] == 8, launches[1].constexprs
+            _compiles(launches[1], cuda, "attn_fwd_sm90")
+    finally:
+        configs.SM90_GLUON_FWD_FP8 = shipped
+
+
 def _signature(launch):
     """(dtypes, scalars) of a recorded _launch.Launch, as the factory takes them."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    pointer = {jnp.dtype(jnp.bfloat16): "*bf16", jnp.dtype(jnp.float32): "*fp32", jnp.dtype(jnp.int32): "*i32"}
+    pointer = {jnp.dtype(jnp.bfloat16): "*bf16", jnp.dtype(jnp.float32): "*fp32", jnp.dtype(jnp.int32): "*i32",
+               jnp.dtype(jnp.float8_e4m3fn): "*fp8e4nv"}
     values = [*launch.args, *launch.out_shapes]
     dtypes = [pointer[jnp.dtype(x.dtype)] if isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
               else "fp32" if isinstance(x, np.floating) else "i32" for x in values]

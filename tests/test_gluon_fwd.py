@@ -5,8 +5,10 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
+import jax_flash_amd
 import oracle
 from helpers import ON_GPU, assert_close, fwd_bwd_through, inputs, run as run_impl
 from jax_flash_amd import _jax_triton_compat, _launch, _triton, reference
@@ -177,11 +179,73 @@ def test_which_calls_take_the_gluon_forward(case, head, monkeypatch):
     assert takes(monkeypatch, _launch.gluon_forward, **case) == head
 
 
+@pytest.mark.parametrize("case, head", [
+    (dict(), None),  # no row shipped yet
+    (dict(candidates=True), 128),
+    (dict(candidates=True, shape=(2, 300, 4, 64)), 64),
+    (dict(candidates=True, shape=(2, 300, 4, 96)), None),  # not a whole tile
+    (dict(candidates=True, dropout=0.1), None),
+    (dict(candidates=True, window=(100, 0)), None),  # narrow windows: the Triton rows, as for 16-bit inputs
+    (dict(candidates=True, segments=True), None),
+    (dict(candidates=True, interpreted=True), None),
+])
+def test_which_fp8_calls_take_the_gluon_forward(case, head, monkeypatch):
+    case = dict(case)
+    if case.pop("candidates", False):
+        monkeypatch.setattr(configs, "SM90_GLUON_FWD_FP8", configs.SM90_GLUON_FWD_FP8_CANDIDATES)
+    assert takes(monkeypatch, _launch.gluon_forward, **{"dtype": jnp.float8_e4m3fn, **case}) == head
+
+
+# the fp8 forward (configs.SM90_GLUON_FWD_FP8_CANDIDATES forced): ragged and whole blocks, cross lengths, causal
+# with grouped heads, a window, ALiBi with softcap, D 64
+FP8_CASES = {"full-ragged": dict(sq=300, sk=333), "whole": dict(sq=512, sk=512),
+             "causal-gqa": dict(sq=300, sk=300, h_kv=2, causal=True), "window": dict(sq=700, sk=700, window=(100, 37)),
+             "alibi-softcap": dict(sq=300, sk=300, causal=True, alibi=True, softcap=20.0),
+             "d64-causal": dict(sq=300, sk=300, d=64, causal=True)}
+
+
+@pytest.mark.parametrize("name", list(FP8_CASES))
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_gluon_fp8_forward(name, monkeypatch):
+    """fp8 inputs through the Gluon forward (checked: it ran) against the float64 attention of the dequantised
+    inputs, with tests/test_fp8.py's bounds (P rounded to e4m3 for the PV product)."""
+    from jax_flash_amd import fp8
+    from test_fp8 import _inputs, _rel_rms
+
+    c = {**dict(d=128, h=4, h_kv=4, causal=False, window=(-1, -1), alibi=False, softcap=0.0), **FP8_CASES[name]}
+    monkeypatch.setattr(configs, "SM90_GLUON_FWD_FP8", configs.SM90_GLUON_FWD_FP8_CANDIDATES)
+    monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
+    names, launch = [], _triton.run
+
+    def record(one):
+        names.append(one.kernel.__name__)
+        return launch(one)
+
+    monkeypatch.setattr(_triton, "run", record)
+    qq, kq, vq, qd, kd, vd = _inputs(2, c["sq"], c["sk"], c["h"], c["h_kv"], c["d"], jnp.float8_e4m3fn, seed=7)
+    slopes = jax.random.uniform(jax.random.key(3), (2, c["h"]), jnp.float32, 0.01, 0.5) if c["alibi"] else None
+    out, lse = jax_flash_amd.attention(qq, kq, vq, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True,
+                                       causal=c["causal"], window_size=c["window"], alibi_slopes=slopes,
+                                       softcap=c["softcap"], implementation="triton")
+    assert "attn_fwd_sm90" in names and out.dtype == jnp.bfloat16, names
+    group = c["h"] // c["h_kv"]
+    ref = oracle.attention(fp8.dequantize(qq, jnp.repeat(qd, group, axis=1)), fp8.dequantize(kq, kd),
+                           fp8.dequantize(vq, vd), np.zeros(qq.shape), causal=c["causal"], window=c["window"],
+                           alibi=slopes, softcap=c["softcap"])
+    assert _rel_rms(out, ref["out"]) < 0.05
+    fin = np.isfinite(ref["lse"])
+    np.testing.assert_allclose(np.asarray(lse)[fin], ref["lse"][fin], rtol=1e-4, atol=4e-3)
+
+
 def test_every_gluon_row_is_within_the_kernels_limits():
-    """Rows as data, checked: one per head dim the kernel takes, and within its shared memory and block rules."""
+    """Rows as data, checked: one per head dim the kernel takes, and within its shared memory and block rules (fp8:
+    8-bit tiles and the bfloat16 output's own buffers)."""
     dims = [row["head_dim"] for row in configs.SM90_GLUON_FWD]
     assert sorted(dims) == [64, 128], dims
-    for row in configs.SM90_GLUON_FWD:
-        tiles = (2 * 64 + 2 * row["STAGES"] * row["BLOCK_N"]) * row["head_dim"] * 2  # Q halves, K and V buffers
+    for row, fp8 in [(r, False) for r in configs.SM90_GLUON_FWD] + [(r, True) for r in
+                                                                       configs.SM90_GLUON_FWD_FP8_CANDIDATES]:
+        tiles = (2 * 64 + 2 * row["STAGES"] * row["BLOCK_N"]) * row["head_dim"] * (1 if fp8 else 2)  # Q, K, V
+        tiles += 2 * 64 * row["head_dim"] * 2 if fp8 else 0
         assert tiles <= 227 * 1024, row
         assert row["BLOCK_N"] in (64, 128) and row["num_warps"] == 4 and 24 < row["CONSUMER_REGS"] <= 256, row

@@ -40,7 +40,7 @@ def test_kernel_factory_tells_jaxlib_warps_scratch_and_pointer_range():
     run = subprocess.run([sys.executable, "tests/kernel_factory_cases.py"], cwd=root, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count("ok ") == 6, run.stdout
+    assert run.stdout.count("ok ") == 7, run.stdout
 
 
 @pytest.mark.parametrize("jt,tr,jx,match", [

@@ -32,7 +32,10 @@ def _triton_rows_only(monkeypatch):
     """The Triton rows, where a compiled sm90 call would take the Gluon forward or dK/dV (_launch.gluon_forward,
     gluon_dkdv) by default. (Processes these tests start take the shipped kernels, Gluon's included.)"""
     monkeypatch.setattr(configs, "SM90_GLUON_FWD", [])
+    monkeypatch.setattr(configs, "SM90_GLUON_FWD_FP8", [])
     monkeypatch.setattr(configs, "SM90_GLUON_DKDV", [])
+
+
 ROWS = []  # (kernel, row): the TMA rows, and the dS path's dQ rows (TMA descriptors too)
 for _kernel in KERNELS:
     for _row in configs.TARGETS["sm90"][_kernel] + configs.CANDIDATES["sm90"].get(_kernel, []):
