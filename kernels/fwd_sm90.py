@@ -264,18 +264,20 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale
     q_desc = tiles(Q, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
     o_desc = tiles(Out, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
     k_desc = tiles(K, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
+    if P8_LOG2 > 0:  # fp8: V^T's tiles
+        v_desc = keys_last_tiles(V, b, seq_k, KV_H, HEAD_DIM, BLOCK_N)
+    else:
+        v_desc = tiles(V, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
     kv_h = h // (H // KV_H)
     q_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [2, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(K.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_descale = 1.0
-    if P8_LOG2 > 0:  # fp8: V^T's tiles, the descales, the bfloat16 output's own buffers
-        v_desc = keys_last_tiles(V, b, seq_k, KV_H, HEAD_DIM, BLOCK_N)
+    if P8_LOG2 > 0:  # fp8: V^T's buffers, the descales, the bfloat16 output's own buffers
         v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, HEAD_DIM, BLOCK_N], v_desc.layout)
         o_smem = gl.allocate_shared_memory(Out.dtype.element_ty, [2, ROWS, HEAD_DIM], o_desc.layout)
         sm_scale = sm_scale * gl.load(QDescale + b * KV_H + kv_h) * gl.load(KDescale + b * KV_H + kv_h)
         v_descale = gl.load(VDescale + b * KV_H + kv_h)
     else:
-        v_desc = tiles(V, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
         v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
         o_smem = q_smem
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())

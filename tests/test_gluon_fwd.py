@@ -224,6 +224,9 @@ def test_gluon_fp8_forward(name, monkeypatch):
 
     monkeypatch.setattr(_triton, "run", record)
     qq, kq, vq, qd, kd, vd = _inputs(2, c["sq"], c["sk"], c["h"], c["h_kv"], c["d"], jnp.float8_e4m3fn, seed=7)
+    # descales far apart per (batch, key/value head), so that one read at another's index shows
+    spread = 2.0 ** jnp.linspace(-1.0, 1.0, 2 * c["h_kv"], dtype=jnp.float32).reshape(2, c["h_kv"])
+    qd, kd, vd = qd * spread, kd * spread[::-1], vd * spread[:, ::-1]
     slopes = jax.random.uniform(jax.random.key(3), (2, c["h"]), jnp.float32, 0.01, 0.5) if c["alibi"] else None
     out, lse = jax_flash_amd.attention(qq, kq, vq, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True,
                                        causal=c["causal"], window_size=c["window"], alibi_slopes=slopes,
