@@ -281,6 +281,14 @@ def keys_last(run: Run, target: str, v):
     return vt
 
 
+def _fp8_inputs(run: Run, target: str, q, v):
+    """(v as a forward kernel reads it, the output's dtype, P8_LOG2): fp8 inputs read V^T (keys_last) and give
+    bfloat16 (kernels/fwd.py, fwd_sm90.py)."""
+    if not fp8.is_fp8(q.dtype):
+        return v, q.dtype, 0
+    return keys_last(run, target, v), jnp.bfloat16, fp8.P_LOG2[jnp.dtype(q.dtype)]
+
+
 def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, statics: Statics, rows=None):
     """(out, lse2): out like q (bfloat16 for fp8 inputs), lse2 (batch, heads, seq_q) float32 in base 2
     (what backward takes; lse = lse2 * ln 2). rows: {kernel: config row} overriding the defaults
@@ -289,7 +297,6 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
     if gluon is not None:
         return _forward_gluon(run, q, k, v, extras, statics, gluon)
     b, sq, h, _ = q.shape
-    fp8_inputs = fp8.is_fp8(q.dtype)
     pick = functools.partial(pick_config, target, "fwd", q.shape[3], q.dtype, rows, _kind(q, k, statics),
                              tma=_takes_tma(q, statics, extras),
                              banded_seq=max(sq, k.shape[1]) if statics.band.sides else 0)
@@ -301,9 +308,8 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
         if tiled != (blocks, options):
             blocks, options = tiled
             programs = persistent_programs(blocks, target, b * h, sq, k.shape[1], statics.band)
-    if fp8_inputs:
-        v = keys_last(run, target, v)
     scalars, constexprs = _common(q, k, statics)
+    v, out_dtype, constexprs["P8_LOG2"] = _fp8_inputs(run, target, q, v)
     n_blocks = _cdiv(sq, blocks["BLOCK_M"])
     grid = (n_blocks, b * h)
     if blocks.get("TMA"):  # kernels/fwd.py: the TMA loop goes unmasked when every key block is whole
@@ -315,9 +321,7 @@ def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, st
     blocks = dict(blocks, PERSISTENT=programs > 0, EDGES=int(edges))
     if programs:
         grid = (programs, 1)
-    out_dtype = jnp.bfloat16 if fp8_inputs else q.dtype
     inputs = dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, blocks["BLOCK_M"]), batch=b, **scalars)
-    constexprs["P8_LOG2"] = fp8.P_LOG2.get(jnp.dtype(q.dtype), 0)
     lse_shape = jax.ShapeDtypeStruct((b, h, sq), jnp.float32)
     out, lse = run(_launch(
         fwd.attn_fwd, grid=grid,
@@ -420,10 +424,7 @@ def _forward_gluon(run: Run, q, k, v, extras: Operands, statics: Statics, row: d
     b, sq, h, _ = q.shape
     inputs, constexprs = _gluon_args(q, k, statics, row)
     constexprs["KEYS_EVEN"] = k.shape[1] % row["BLOCK_N"] == 0
-    constexprs["P8_LOG2"] = fp8.P_LOG2.get(jnp.dtype(q.dtype), 0)
-    if fp8.is_fp8(q.dtype):  # kernels/fwd_sm90.py: V^T's tiles, a bfloat16 output
-        v = keys_last(run, "sm90", v)
-    out_dtype = jnp.bfloat16 if fp8.is_fp8(q.dtype) else q.dtype
+    v, out_dtype, constexprs["P8_LOG2"] = _fp8_inputs(run, "sm90", q, v)
     return run(_launch(
         fwd_sm90.attn_fwd_sm90, grid=(_cdiv(sq, 2 * fwd_sm90.ROWS.value), b * h), inputs=dict(Q=q, K=k, V=v, **inputs),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, out_dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),

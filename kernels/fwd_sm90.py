@@ -21,6 +21,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .configs import TILED_GROUP_PROGRAMS
 from .dropout import keep_at, load_seed
+from .fwd import keys_padded
 from .masking import key_blocks, tile_order
 from .scores import scores
 
@@ -43,7 +44,7 @@ def tiles(T, b, seq, ROW: gl.constexpr, BLOCK_ROWS: gl.constexpr, HEAD_DIM: gl.c
 def keys_last_tiles(Vt, b, seq_k, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr):
     """[HEAD_DIM, BLOCK_N] tiles of fwd.keys_last's (batch, KV_H, HEAD_DIM, seq_k rounded up to 16) Vt: a tile holds
     one head's rows, and keys past seq_k are keys_last's zeros, or past the row's end, the descriptor's."""
-    seq_pad = (seq_k + 15) // 16 * 16
+    seq_pad = keys_padded(seq_k)
     layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HEAD_DIM, BLOCK_N], Vt.dtype.element_ty)
     return tma.make_tensor_descriptor(Vt, [(b + 1) * KV_H * HEAD_DIM, seq_pad], [seq_pad, 1], [HEAD_DIM, BLOCK_N],
                                       layout)

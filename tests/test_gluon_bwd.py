@@ -8,9 +8,8 @@ import jax.numpy as jnp
 import pytest
 
 from helpers import ON_GPU
-from jax_flash_amd import _jax_triton_compat, _launch
+from jax_flash_amd import _launch
 from jax_flash_amd.kernels import configs
-from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
 from test_gluon_fwd import CASES as FWD_CASES, run_case, takes, through_the_api, with_defaults
 
@@ -111,12 +110,8 @@ def test_which_calls_take_the_gluon_dkdv(case, head, monkeypatch):
 @pytest.mark.parametrize("dropout, block_m", [(0.0, 128), (0.1, 64)])
 def test_d64_dkdv_steps_by_dropout(dropout, block_m, monkeypatch):
     """D 64: 128-query steps, but 64 with dropout (configs.SM90_GLUON_DKDV: the row measured with it)."""
-    monkeypatch.setattr(_launch, "interpreted", lambda: False)
-    monkeypatch.setattr(_jax_triton_compat, "versions", lambda: {"jax-triton": (0, 3, 1), "triton": (3, 6, 0),
-                                                                 "jax": (0, 11, 2)})
-    q = jax.ShapeDtypeStruct((2, 4096, 32, 64), jnp.bfloat16)
-    statics = _launch.Statics(0.125, Band.of(True, (-1, -1), 4096, 4096), dropout_p=dropout)
-    assert _launch.gluon_dkdv("sm90", q, q, statics, Operands())["BLOCK_M"] == block_m
+    assert takes(monkeypatch, _launch.gluon_dkdv, shape=(2, 4096, 32, 64), kv_heads=32, dropout=dropout,
+                 key="BLOCK_M") == block_m
 
 
 @pytest.mark.parametrize("case, head", [

@@ -127,8 +127,9 @@ def through_the_api(monkeypatch, shape, seed):
 
 def takes(monkeypatch, rule, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 8192, 16, 128), kv_heads=16,
           seq_k=None, dtype=jnp.bfloat16, target="sm90", dropout=0.0, rows=None, causal=True, window=(-1, -1),
-          alibi=False, segments=False, positions=False):
-    """The head dim of the row `rule` (_launch.gluon_forward or gluon_dkdv) picks for such a call, or None."""
+          alibi=False, segments=False, positions=False, key="head_dim"):
+    """The head dim (or `key`) of the row `rule` (_launch.gluon_forward or gluon_dkdv) picks for such a call, or
+    None."""
     monkeypatch.setattr(_launch, "interpreted", lambda: interpreted)
     monkeypatch.setattr(_jax_triton_compat, "versions", lambda: {"jax-triton": jax_triton, "triton": (3, 6, 0),
                                                                  "jax": (0, 11, 2)})
@@ -144,7 +145,7 @@ def takes(monkeypatch, rule, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 
     if positions:
         extras["positions"] = jnp.zeros((shape[0], 3), jnp.int32)
     row = rule(target, q, k, statics, dataclasses.replace(Operands(), **extras), rows)
-    return None if row is None else row["head_dim"]
+    return None if row is None else row[key]
 
 
 @pytest.mark.parametrize("case, head", [
