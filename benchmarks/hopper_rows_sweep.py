@@ -8,7 +8,8 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
                                                                    # ds16k, dropouttma, dropoutwindow, dropoutfwd64,
                                                                    # windowds, d64ws, windowbanded, gluon, gluon8k,
                                                                    # gluonwindow, gluonbwd, gluondropout, gluondq,
-                                                                   # gluonbwdwindow, gluonbwd64, gluonfp8
+                                                                   # gluonbwdwindow, gluonbwd64, gluonfp8,
+                                                                   # pingpong
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -86,12 +87,17 @@ def _gluon_dq(seven=False, **change):
 GLUON_DQ = {"dq": [_gluon_dq(), _gluon_dq(BLOCK_N=64, STAGES=3), dict(_limits=dict(DS_WORKSPACE_BYTES=0)),
                    _gluon_dq(seven=True)]}
 
-# the Gluon forward for fp8 inputs (configs.SM90_GLUON_FWD_FP8_CANDIDATES, 2 and 3 stages) against the Triton fp8 rows
+# the Gluon forward for fp8 inputs (configs.SM90_GLUON_FWD_FP8_CANDIDATES; without PINGPONG, 3 stages) against the
+# Triton fp8 rows (the first)
 def _gluon_fp8(**change):
     return dict(_limits=dict(SM90_GLUON_FWD_FP8=[dict(r, **change) for r in configs.SM90_GLUON_FWD_FP8_CANDIDATES]))
 
 
-GLUON_FP8 = {"fwd": [_gluon_fp8(), _gluon_fp8(STAGES=3)], "_fp8": True}
+GLUON_FP8 = {"fwd": [dict(_limits=dict(SM90_GLUON_FWD_FP8=[])), _gluon_fp8(), _gluon_fp8(PINGPONG=False),
+                     _gluon_fp8(STAGES=3)], "_fp8": True}
+
+# FlashAttention-3's ping-pong of the Gluon forward's two consumer groups (PINGPONG: the fp8 row's) for 16-bit inputs
+PINGPONG = {"fwd": [_gluon(), _gluon(PINGPONG=True), _gluon(PINGPONG=True, STAGES=2)]}
 
 # dropout through the Gluon kernels (their rows' `dropout` on) against the Triton rows it takes by default
 GLUON_DROPOUT = {"fwd": [_gluon(dropout=True)], "dkdv": [_gluon_dkdv(dropout=True)], "_dropout": 0.1}
@@ -293,8 +299,11 @@ SETS = {
     # the D 64 Gluon dK/dV at 64- and 128-query steps (2 and 3 stages), from any length
     "gluonbwd64": [((16384 // n, n, 32, 64), causal, (-1, -1), GLUON_DKDV64) for n in (4096, 16384, 1024)
                    for causal in (False, True)],
-    "gluonfp8": [((16384 // n, n, 16, 128), causal, (-1, -1), GLUON_FP8) for n in (4096, 16384, 1024)
+    "gluonfp8": [((16384 // n, n, 16, 128), causal, (-1, -1), GLUON_FP8) for n in (4096, 16384, 1024, 8192)
                  for causal in (False, True)] + [((4, 4096, 32, 64), True, (-1, -1), GLUON_FP8)],
+    "pingpong": [((16384 // n, n, 32, 64), causal, (-1, -1), PINGPONG) for n in (4096, 1024, 16384)
+                 for causal in (False, True)] + [((16384 // n, n, 16, 128), causal, (-1, -1), PINGPONG)
+                                                 for n in (4096, 16384) for causal in (False, True)],
     "gluondropout": [((4, 4096, 16, 128), causal, (-1, -1), GLUON_DROPOUT) for causal in (False, True)]
                     + [((1, 16384, 16, 128), False, (-1, -1), GLUON_DROPOUT), ((4, 4096, 32, 64), True, (-1, -1),
                                                                                 GLUON_DROPOUT)],

@@ -265,9 +265,9 @@ def _edge_blocks(blocks: dict, kernel: str) -> tuple[dict, dict]:
     return edge, dict(configs.EDGE_OPTIONS[kernel])
 
 
-def keys_last(run: Run, target: str, v):
+def keys_last(run: Run, target: str, v, mma_order=False):
     """v (batch, seq_k, heads, D) as (batch, heads, D, seq_k rounded up to 16), zero-padded: the layout
-    the fp8 forward reads (kernels/fwd.py)."""
+    the fp8 forward reads (kernels/fwd.py); mma_order: each 32 keys in fwd.mma_order's order."""
     b, sk, h, d = v.shape
     padded = _cdiv(sk, 16) * 16  # kernels/fwd.py: keys_padded
     blocks, options = pick_config(target, "keys_last", d, v.dtype)
@@ -275,18 +275,18 @@ def keys_last(run: Run, target: str, v):
         fwd.keys_last, grid=(_cdiv(padded, blocks["BLOCK_N"]), b * h),
         inputs=dict(V=v, seq_k=sk),
         out_shapes=(jax.ShapeDtypeStruct((b, h, d, padded), v.dtype),),
-        constexprs=dict(KV_H=h, HEAD_DIM=d, BLOCK_D=block_d(d, v.dtype), **blocks),
+        constexprs=dict(KV_H=h, HEAD_DIM=d, BLOCK_D=block_d(d, v.dtype), MMA_ORDER=mma_order, **blocks),
         options=options,
     ))
     return vt
 
 
-def _fp8_inputs(run: Run, target: str, q, v):
-    """(v as a forward kernel reads it, the output's dtype, P8_LOG2): fp8 inputs read V^T (keys_last) and give
-    bfloat16 (kernels/fwd.py, fwd_sm90.py)."""
+def _fp8_inputs(run: Run, target: str, q, v, mma_order=False):
+    """(v as a forward kernel reads it, the output's dtype, P8_LOG2): fp8 inputs read V^T (keys_last; mma_order
+    for the Gluon forward) and give bfloat16 (kernels/fwd.py, fwd_sm90.py)."""
     if not fp8.is_fp8(q.dtype):
         return v, q.dtype, 0
-    return keys_last(run, target, v), jnp.bfloat16, fp8.P_LOG2[jnp.dtype(q.dtype)]
+    return keys_last(run, target, v, mma_order), jnp.bfloat16, fp8.P_LOG2[jnp.dtype(q.dtype)]
 
 
 def forward(run: Run, target: str, q, k, v, extras: Operands = Operands(), *, statics: Statics, rows=None):
@@ -424,7 +424,7 @@ def _forward_gluon(run: Run, q, k, v, extras: Operands, statics: Statics, row: d
     b, sq, h, _ = q.shape
     inputs, constexprs = _gluon_args(q, k, statics, row)
     constexprs["KEYS_EVEN"] = k.shape[1] % row["BLOCK_N"] == 0
-    v, out_dtype, constexprs["P8_LOG2"] = _fp8_inputs(run, "sm90", q, v)
+    v, out_dtype, constexprs["P8_LOG2"] = _fp8_inputs(run, "sm90", q, v, mma_order=True)
     return run(_launch(
         fwd_sm90.attn_fwd_sm90, grid=(_cdiv(sq, 2 * fwd_sm90.ROWS.value), b * h), inputs=dict(Q=q, K=k, V=v, **inputs),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, out_dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),

@@ -297,12 +297,24 @@ def _fwd_tile(start_m, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg,
 
 
 @triton.jit
+def mma_order(w, r):
+    """The key at byte r of word w (position 4w + r) of keys_last's MMA_ORDER rows. Hopper's fp8 wgmma reads P
+    from registers in another order than its product S leaves them in: a thread holds S's keys 2c, 2c + 1, 8 + 2c,
+    9 + 2c (and 16 more) of each 32, P's positions 4c .. 4c + 3. Keys and positions as bits (h, j1, c, j0) and
+    (h, c, j1, j0): with V^T's keys so ordered, P's positions are S's registers (fwd_sm90._pv)."""
+    h = (w % 8) // 4
+    c = w % 4
+    return (w // 8) * 32 + 16 * h + 8 * (r // 2) + 2 * c + (r % 2)
+
+
+@triton.jit
 def keys_last(V, seq_k, Vt, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-              BLOCK_N: tl.constexpr):
+              BLOCK_N: tl.constexpr, MMA_ORDER: tl.constexpr = False):
     """Vt (batch, KV_H, HEAD_DIM, seq_k rounded up to 16, zeros past seq_k) = V (batch, seq_k, KV_H,
     HEAD_DIM) transposed, for the fp8 forward. Bytes are packed four keys to a 32-bit word in registers
     before the transposition, which then moves 32-bit words through shared memory, not single bytes
-    (H200, 4 x 4096 x 16 x 128, Nsight Compute: 16.5 us, against 25.8 for XLA's transpose and pad)."""
+    (H200, 4 x 4096 x 16 x 128, Nsight Compute: 16.5 us, against 25.8 for XLA's transpose and pad).
+    MMA_ORDER: the keys of each 32 in mma_order's order (fwd_sm90.py), each 16 within its own half."""
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)
     seq_pad = keys_padded(seq_k)
@@ -311,7 +323,10 @@ def keys_last(V, seq_k, Vt, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D:
     base = V.to(tl.pointer_type(tl.uint8)) + head_start(bh // KV_H, bh % KV_H, seq_k, KV_H, HEAD_DIM)
     words = tl.zeros((BLOCK_N // 4, BLOCK_D), tl.uint32)
     for r in tl.static_range(4):  # key 4w + r is byte r (little-endian) of word w
-        v = load_tile(base, 4 * offs_w + r, offs_d, KV_H * HEAD_DIM, seq_k, HEAD_DIM, True,
+        keys = 4 * offs_w + r
+        if MMA_ORDER:
+            keys = mma_order(offs_w, r)
+        v = load_tile(base, keys, offs_d, KV_H * HEAD_DIM, seq_k, HEAD_DIM, True,
                       BLOCK_D != HEAD_DIM)  # [BN / 4, BD], zeros past seq_k
         words = words | (v.to(tl.uint32) << (8 * r))
     ptrs = (Vt.to(tl.pointer_type(tl.uint32)) + bh.to(tl.int64) * HEAD_DIM * (seq_pad // 4)

@@ -5,13 +5,17 @@ Same contract as fwd.attn_fwd (layout, GQA, bands, softcap, ALiBi, dropout; lse 
 head of 64 or 128 and no segment ids or positions: which calls take it is jax_flash_amd/_launch.py gluon_forward. The
 scores and the mask are scores.py's and masking.py's, called from here. FP8 (P8_LOG2 > 0): fwd.attn_fwd's scheme
 (the descales, P scaled by 2 ** P8_LOG2 and rounded to fp8, V transposed by fwd.keys_last: fp8 wgmma reads B with its
-contraction dimension contiguous), the output bfloat16 through a buffer of its own.
+contraction dimension contiguous; here with its keys in fwd.mma_order's order, _pv), the output bfloat16 through a
+buffer of its own.
 
 One program per (128 queries, batch element, head), in masking.tile_order's order, three partitions:
 - a load warp: Q once, then each key block's K and V through a ring of STAGES buffers (TMA, mbarriers ready / empty);
 - two consumer warp groups of 64 queries each. Each issues block j's q.k product, then block j - 1's P.V, waits for
-  q.k alone (warpgroup_mma_wait(1)), runs block j's softmax while P.V is still in flight, then waits for P.V and
-  rescales. The two groups' products and softmaxes interleave on the SM.
+  q.k alone (warpgroup_mma_wait(1)), runs block j's softmax, waits for P.V and rescales. The two groups' products and
+  softmaxes interleave on the SM. (ptxas places the wait for P.V before the softmax, sm90 SASS: a group's P.V does
+  not run beside its own softmax. Holding the wait after it, by a shared store of l and a barrier, measured bf16
+  D 128 0-6 % faster, D 64 and fp8 within +-4 % on the H200, h200_fence_sweep.json; not done.) PINGPONG: the groups
+  take turns to issue their products (FlashAttention-3's ping-pong, _my_turn).
 Descriptors are bounded at the end of the program's batch element (masking.element_tiles' rule), so a ragged block
 reads zeros there and its output rows past the end are not stored."""
 from triton.experimental import gluon
@@ -167,21 +171,42 @@ def _online(qk, m, l, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_sca
 
 @gluon.jit
 def _pv(p, v_smem, acc, p_layout: gl.constexpr, V_T: gl.constexpr):
-    """acc += P V, issued (is_async): V's buffer as loaded, or with V_T keys_last_tiles' [HEAD_DIM, BLOCK_N]."""
-    p = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+    """acc += P V, issued (is_async): V's buffer as loaded, or with V_T keys_last_tiles' [HEAD_DIM, BLOCK_N] of
+    keys in fwd.mma_order's order and P's columns permuted alike, which puts them where the product S left them:
+    no shuffles (sm90 PTX: 99 -> 35 shfl and 64 -> 0 prmt; H200 1 x 16384 x 16 x 128 2.888 -> 2.860 ms, causal
+    1.490 -> 1.374, h200_pingpong_sweep.json)."""
+    p = p.to(v_smem.dtype)
     if V_T:
+        n: gl.constexpr = p.shape[1]
+        p = gl.reshape(gl.permute(gl.reshape(p, [ROWS, n // 32, 2, 2, 4, 2]), (0, 1, 2, 4, 3, 5)), [ROWS, n])
+        p = gl.convert_layout(p, p_layout, assert_trivial=True)
         acc = warpgroup_mma(p, v_smem.permute((1, 0)), acc, is_async=True)
     else:
+        p = gl.convert_layout(p, p_layout)
         acc = warpgroup_mma(p, v_smem, acc, is_async=True)
     return acc
 
 
 @gluon.jit
-def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
+def _my_turn(turn, j, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+    """PINGPONG: wait until the other consumer group has issued its products of step j - 1 (HALF 0) or j (HALF 1),
+    so one group's products run beside the other's softmax (FlashAttention-3's ping-pong)."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(HALF), (j & 1) ^ (1 - HALF))
+
+
+@gluon.jit
+def _their_turn(turn, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - HALF))
+
+
+@gluon.jit
+def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
              lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
              slope, seed, keep_scale, v_descale, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
              STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr,
-             ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr):
+             ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr):
     """Queries [start_m + HALF * ROWS, + ROWS): the key blocks from `start`, masked outside [full_start, full_end).
     o_smem: the output's staging buffers (q_smem's for 16-bit inputs)."""
     BITS: gl.constexpr = q_smem.dtype.primitive_bitwidth
@@ -201,8 +226,10 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, k_ready, v_read
     mbarrier.wait(q_bar, 0)
 
     mbarrier.wait(k_ready.index(0), 0)
+    _my_turn(turn, 0, HALF, PINGPONG)
     qk = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
                        use_acc=False, is_async=True)
+    _their_turn(turn, HALF, PINGPONG)
     qk = warpgroup_mma_wait(0, deps=(qk,))
     mbarrier.arrive(k_empty.index(0))
     p, m, l, alpha = _online(qk, m, l, q_idx, k_idx + start, (start < full_start) | (start >= full_end), seq_q,
@@ -212,11 +239,14 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, k_ready, v_read
         cur = i % STAGES
         prev = (i - 1) % STAGES
         start_n = start + i * BLOCK_N
-        # block i's q.k, then block i - 1's P.V; wait(1) returns once q.k is done, P.V runs on beside the softmax
+        # block i's q.k, then block i - 1's P.V; wait(1) returns once q.k is done (ptxas waits for P.V before the
+        # softmax: the module's docstring)
         mbarrier.wait(k_ready.index(cur), (i // STAGES) & 1)
+        _my_turn(turn, i, HALF, PINGPONG)
         qk = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), qk, use_acc=False, is_async=True)
         mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
         acc = _pv(p, v_smem.index(prev), acc, p_layout, V_T)
+        _their_turn(turn, HALF, PINGPONG)
         qk = warpgroup_mma_wait(1, deps=(qk,))
         mbarrier.arrive(k_empty.index(cur))
         p, m, l, alpha = _online(qk, m, l, q_idx, k_idx + start_n, (start_n < full_start) | (start_n >= full_end),
@@ -227,7 +257,9 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, k_ready, v_read
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
     last = (n_blocks - 1) % STAGES
     mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+    _my_turn(turn, n_blocks, HALF, PINGPONG)
     acc = _pv(p, v_smem.index(last), acc, p_layout, V_T)
+    _their_turn(turn, HALF, PINGPONG)
     acc = warpgroup_mma_wait(0, deps=(acc,))
     mbarrier.arrive(v_empty.index(last))
 
@@ -252,7 +284,7 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale
                   lo_off, hi_off, Out, Lse, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr,
                   ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, KEYS_EVEN: gl.constexpr,
-                  CONSUMER_REGS: gl.constexpr, P8_LOG2: gl.constexpr = 0,
+                  CONSUMER_REGS: gl.constexpr, P8_LOG2: gl.constexpr = 0, PINGPONG: gl.constexpr = False,
                   GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS):
     """fwd.attn_fwd's arguments of the same names (fp8: V is fwd.keys_last's); grid (cdiv(seq_q, 128), batch * H).
     KEYS_EVEN: seq_k is a multiple of BLOCK_N (else the last key block is masked). CONSUMER_REGS: registers per thread
@@ -283,6 +315,10 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale
         o_smem = q_smem
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # PINGPONG's: _my_turn
+    if PINGPONG:
+        mbarrier.init(turn.index(0), count=1)
+        mbarrier.init(turn.index(1), count=1)
     k_ready, v_ready, k_empty, v_empty = kv_rings(STAGES)
     fence_async_shared()
 
@@ -297,16 +333,19 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale
     kv_col = kv_h * HEAD_DIM
     vt_row = (b * KV_H + kv_h) * HEAD_DIM
     gl.warp_specialize([
-        (_consume, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_empty, v_empty, q_row,
-                    q_col, lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off,
+        (_consume, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, v_ready, k_empty, v_empty,
+                    q_row, q_col, lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off,
                     sm_scale, softcap, slope, seed, keep_scale, v_descale, 0, HEAD_DIM, BLOCK_N, STAGES, BANDED,
-                    MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2)),
-        (_consume, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, k_ready, v_ready, k_empty, v_empty, q_row,
-                    q_col, lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off,
+                    MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, PINGPONG)),
+        (_consume, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, v_ready, k_empty, v_empty,
+                    q_row, q_col, lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off,
                     sm_scale, softcap, slope, seed, keep_scale, v_descale, 1, HEAD_DIM, BLOCK_N, STAGES, BANDED,
-                    MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2)),
+                    MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, PINGPONG)),
         (_loads, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, q_row,
                   q_col, kv_row, kv_col, vt_row, start, n_blocks, BLOCK_N, STAGES, P8_LOG2 > 0)),
     ], [4, 1], [CONSUMER_REGS, 24])
     mbarrier.invalidate(q_bar)
+    if PINGPONG:
+        mbarrier.invalidate(turn.index(0))
+        mbarrier.invalidate(turn.index(1))
     invalidate_kv_rings(k_ready, v_ready, k_empty, v_empty, STAGES)

@@ -106,15 +106,21 @@ def test_quantize_fp8_round_trip(dtype):
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 @pytest.mark.parametrize("seq_k,d", [(37, 72), (64, 33), (5, 128)])
-def test_keys_last_transposes_every_byte(impl, seq_k, d):
+@pytest.mark.parametrize("mma_order", [False, True])
+def test_keys_last_transposes_every_byte(impl, seq_k, d, mma_order):
     """The fp8 forward's V^T (four keys packed per word, kernels/fwd.py): exact, zero-padded to 16 keys,
     for random bytes over the whole 0..255 range (NaN encodings included), ragged key counts and odd
-    head dims."""
+    head dims; mma_order: position p of each 32 holds key (h, j1, c, j0) for p's bits (h, c, j1, j0)."""
     from jax_flash_amd import _dispatch, _launch
     run, target = _dispatch.backend(impl)
     bits = jax.random.randint(jax.random.key(seq_k), (2, seq_k, 3, d), 0, 256, jnp.int32).astype(jnp.uint8)
     v = jax.lax.bitcast_convert_type(bits, FN)
-    vt = jax.jit(lambda v: _launch.keys_last(run, target, v))(v)
+    vt = jax.jit(lambda v: _launch.keys_last(run, target, v, mma_order))(v)
     pad = -seq_k % 16
     want = np.pad(np.asarray(bits).transpose(0, 2, 3, 1), ((0, 0), (0, 0), (0, 0), (0, pad)))
+    if mma_order:
+        p = np.arange(seq_k + pad)
+        key = p // 32 * 32 + (p % 32) // 16 * 16 + (p % 4) // 2 * 8 + (p % 16) // 4 * 2 + p % 2
+        assert sorted(key) == list(p)  # a permutation within each 16
+        want = want[..., key]
     np.testing.assert_array_equal(np.asarray(jax.lax.bitcast_convert_type(vt, jnp.uint8)), want)

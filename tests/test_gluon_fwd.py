@@ -181,7 +181,10 @@ def test_which_calls_take_the_gluon_forward(case, head, monkeypatch):
 
 
 @pytest.mark.parametrize("case, head", [
-    (dict(), None),  # no row shipped yet
+    (dict(), 128),  # D 128 from 8192 queries and keys
+    (dict(shape=(2, 4096, 16, 128)), None),
+    (dict(shape=(1, 16384, 16, 128), seq_k=4096), None),
+    (dict(shape=(1, 16384, 32, 64)), None),  # D 64: the Triton rows
     (dict(candidates=True), 128),
     (dict(candidates=True, shape=(2, 300, 4, 64)), 64),
     (dict(candidates=True, shape=(2, 300, 4, 96)), None),  # not a whole tile
