@@ -197,12 +197,13 @@ SM90_GLUON_FWD = [
     dict(head_dim=64, min_seq=8192, BLOCK_N=128, STAGES=3, CONSUMER_REGS=232, dropout=False, num_warps=4),
 ]
 # The Gluon forward for fp8 inputs (kernels/fwd_sm90.py, P8_LOG2; V^T's keys in fwd.mma_order's order): which calls
-# take it as SM90_GLUON_FWD's (its rule, _launch.gluon_forward). PINGPONG: the consumer groups take turns to issue.
-# H200, fp8 e4m3, D 128, 16 heads, forward ms, Triton fp8 rows / this row (four runs: h200_pingpong_sweep.json,
-# h200_fence_sweep.json, h200_tree_sweep.json, h200_gluon_fp8_sweep2.json): 1 x 16384 2.87-2.95 / 2.65-2.71, causal
-# 1.49-1.53 / 1.37-1.39; 2 x 8192 1.481 / 1.361, causal 0.773 / 0.782; 4 x 4096 0.76-0.80 / 0.75-0.79, causal
-# 0.43-0.45 / 0.46-0.48; 16 x 1024 0.24 / 0.31. D 64 4 x 4096 x 32 1.15-1.17 / 1.32-1.39: the Triton rows. Without
-# PINGPONG 1 x 16384 2.84-2.89, causal 1.35-1.38. 3 stages (8-bit tiles take half the shared memory) within 3 %.
+# take it as SM90_GLUON_FWD's (its rule, _launch.gluon_forward). PINGPONG: the consumer groups take turns to issue,
+# for calls without a band (_launch._forward_gluon: causal ones 1-4 % slower with it). H200, fp8 e4m3, D 128, 16 heads,
+# forward ms, Triton fp8 rows / this row (h200_gluon_fp8_sweep2.json; ranges over it and the earlier runs of
+# h200_pingpong_sweep.json, h200_fence_sweep.json, h200_tree_sweep.json): 1 x 16384 2.87-2.95 / 2.65-2.71, causal
+# (no ping-pong) 1.49-1.53 / 1.35-1.38; 2 x 8192 1.481 / 1.361, causal 0.773 / 0.747; 4 x 4096 0.76-0.80 / 0.75-0.76,
+# causal 0.43-0.45 / 0.46-0.47; 16 x 1024 0.24 / 0.31. D 64 4 x 4096 x 32 1.15-1.17 / 1.39, causal 0.65 / 0.84: the
+# Triton rows. 3 stages (8-bit tiles take half the shared memory) within 3 %.
 SM90_GLUON_FWD_FP8 = [
     dict(head_dim=128, min_seq=8192, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=False, PINGPONG=True,
          num_warps=4),

@@ -14,7 +14,7 @@ One program per (128 queries, batch element, head), in masking.tile_order's orde
   q.k alone (warpgroup_mma_wait(1)), runs block j's softmax, waits for P.V and rescales. The two groups' products and
   softmaxes interleave on the SM. (ptxas places the wait for P.V before the softmax, sm90 SASS: a group's P.V does
   not run beside its own softmax. Holding the wait after it, by a shared store of l and a barrier, measured bf16
-  D 128 0-6 % faster, D 64 and fp8 within +-4 % on the H200, h200_fence_sweep.json; not done.) PINGPONG: the groups
+  D 128 -1 to +6 % faster, D 64 and fp8 within +-4 % on the H200, h200_fence_sweep.json; not done.) PINGPONG: the groups
   take turns to issue their products (FlashAttention-3's ping-pong, _my_turn).
 Descriptors are bounded at the end of the program's batch element (masking.element_tiles' rule), so a ragged block
 reads zeros there and its output rows past the end are not stored."""

@@ -137,8 +137,8 @@ def case_cuda_gluon_forward():
 
 def case_cuda_gluon_fp8_forward():
     """The Gluon forward for fp8 inputs (kernels/fwd_sm90.py P8_LOG2) as _launch.forward makes it where its candidate
-    rows serve (none shipped yet): V transposed by keys_last first, a bfloat16 output; compiled for sm90 at D 128
-    (causal, ragged, ALiBi and softcap) and D 64."""
+    rows serve (from any length): V transposed by keys_last first (fwd.mma_order's order), a bfloat16 output; compiled
+    for sm90 at D 128 (causal, ragged, ALiBi and softcap; and without a band, the row's PINGPONG on) and D 64."""
     import jax.numpy as jnp
 
     from jax_flash_amd import _launch
@@ -156,7 +156,7 @@ def case_cuda_gluon_fp8_forward():
     cuda = CUDABackend(GPUTarget("cuda", 90, 32))
     shipped, configs.SM90_GLUON_FWD_FP8 = configs.SM90_GLUON_FWD_FP8, configs.SM90_GLUON_FWD_FP8_CANDIDATES
     try:
-        for d, variant in ((128, True), (64, False)):
+        for d, variant in ((128, True), (128, False), (64, False)):
             q = jnp.zeros((2, 301, 4, d), jnp.float8_e4m3fn)
             descale = jnp.ones((2, 4), jnp.float32)
             extras = Operands(q_descale=descale, k_descale=descale, v_descale=descale,
@@ -166,6 +166,9 @@ def case_cuda_gluon_fp8_forward():
             out, _ = _launch.forward(record, "sm90", q, q, q, extras, statics=statics)
             assert [x.kernel.__name__ for x in launches] == ["keys_last", "attn_fwd_sm90"], launches
             assert out.dtype == jnp.bfloat16 and launches[1].constexprs["P8_LOG2"] == 8, launches[1].constexprs
+            # PINGPONG for calls without a band only (_launch._forward_gluon); D 64's row has none
+            assert launches[0].constexprs["MMA_ORDER"] and launches[1].constexprs["PINGPONG"] == (d == 128
+                                                                                                 and not variant)
             _compiles(launches[1], cuda, "attn_fwd_sm90")
     finally:
         configs.SM90_GLUON_FWD_FP8 = shipped

@@ -165,7 +165,7 @@ def takes(monkeypatch, rule, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 
     (dict(shape=(1, 8192, 16, 256)), None),  # no row for the head
     (dict(shape=(1, 8192, 16, 96)), None),  # not a whole 16-bit tile
     (dict(dtype=jnp.float32), None),
-    (dict(dtype=jnp.float8_e4m3fn), None),
+    (dict(dtype=jnp.float8_e4m3fn), 128),  # configs.SM90_GLUON_FWD_FP8's row (test_which_fp8_calls_...)
     (dict(dropout=0.1), 128),
     (dict(shape=(2, 8192, 32, 64), dropout=0.1), None),  # D 64 dropout: the Triton rows (no faster in Gluon)
     (dict(segments=True), None),
