@@ -99,6 +99,10 @@ GLUON_FP8 = {"fwd": [dict(_limits=dict(SM90_GLUON_FWD_FP8=[])), _gluon_fp8(), _g
 # FlashAttention-3's ping-pong of the Gluon forward's two consumer groups (PINGPONG: the fp8 row's) for 16-bit inputs
 PINGPONG = {"fwd": [_gluon(), _gluon(PINGPONG=True), _gluon(PINGPONG=True, STAGES=2)]}
 
+# the Gluon forward persistent (PERSISTENT: programs per SM; whole query and key blocks, 16-bit, no PINGPONG) against
+# its tiled grid and the Triton rows (the default below the rows' min_seq)
+GLUON_PERSISTENT = {"fwd": [_gluon(), _gluon(PERSISTENT=1)]}
+
 # dropout through the Gluon kernels (their rows' `dropout` on) against the Triton rows it takes by default
 GLUON_DROPOUT = {"fwd": [_gluon(dropout=True)], "dkdv": [_gluon_dkdv(dropout=True)], "_dropout": 0.1}
 
@@ -307,6 +311,8 @@ SETS = {
     "gluondropout": [((4, 4096, 16, 128), causal, (-1, -1), GLUON_DROPOUT) for causal in (False, True)]
                     + [((1, 16384, 16, 128), False, (-1, -1), GLUON_DROPOUT), ((4, 4096, 32, 64), True, (-1, -1),
                                                                                 GLUON_DROPOUT)],
+    "gluonpersistent": [((16384 // n, n, h, d), causal, (-1, -1), GLUON_PERSISTENT) for d, h in ((64, 32), (128, 16))
+                        for n in (4096, 1024, 2048, 16384) for causal in (False, True)],
     "gluon8k": [((2, 8192, h, d), causal, (-1, -1), dict(fwd=GLUON["fwd"][:2])) for d, h in ((128, 16), (64, 32))
                 for causal in (False, True)],
     "gluonwindow": [((1, 16384, 16, 128), w[1] == 0, w, dict(fwd=GLUON["fwd"][:2])) for w in ((1024, 0), (256, 256))],

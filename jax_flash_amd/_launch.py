@@ -355,8 +355,9 @@ def gluon_forward(target: str, q, k, statics: Statics, extras: Operands, rows=No
     (fp8: configs.SM90_GLUON_FWD_FP8's rows) with a head of a row's size, no segment ids or positions, no dropout
     unless the row says `dropout`, no narrow window (its short key loops are faster on the "+window" rows: H200,
     D 128, 1 x 16384 x 16, ms, Triton / Gluon: (1024, 0) 0.358 / 0.369, (256, 256) 0.217 / 0.280), both lengths at
-    least the row's min_seq (a short key loop or grid pays the program's fixed cost), and no "fwd" row given
-    (autotuning and the rows sweep time the Triton rows)."""
+    least the row's min_seq (a short key loop or grid pays the program's fixed cost; a row with PERSISTENT, which
+    spreads that cost, only where the call runs persistent: gluon_programs), and no "fwd" row given (autotuning and
+    the rows sweep time the Triton rows)."""
     if not _gluon_takes(target, q, statics, extras, rows, "fwd"):
         return None
     return _gluon_row(configs.SM90_GLUON_FWD_FP8 if fp8.is_fp8(q.dtype) else configs.SM90_GLUON_FWD, q, k, statics)
@@ -401,10 +402,22 @@ def _gluon_takes(target: str, q, statics: Statics, extras: Operands, rows, kerne
 
 def _gluon_row(table: list[dict], q, k, statics: Statics) -> dict | None:
     """The first row of a Gluon kernel's table (configs.SM90_GLUON_*) for the call's head dim whose min_seq both
-    lengths reach and, if the call has dropout, that takes it; else None."""
+    lengths reach, that takes the call's dropout if any, and, a row with PERSISTENT, where the call runs persistent
+    (gluon_programs); else None."""
     return next((row for row in table
                  if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]
-                 and (statics.dropout_p == 0 or row["dropout"])), None)
+                 and (statics.dropout_p == 0 or row["dropout"])
+                 and (not row.get("PERSISTENT") or gluon_programs(row, q, k, statics))), None)
+
+
+def gluon_programs(row: dict, q, k, statics: Statics) -> int:
+    """Programs of the Gluon forward's persistent grid for a row with PERSISTENT (programs per SM), or 0 (a tiled
+    grid): 16-bit inputs without ping-pong, whole query and key blocks (one descriptor per tensor serves every tile),
+    and persistent_programs' balance rule."""
+    if not row.get("PERSISTENT") or fp8.is_fp8(q.dtype) or row.get("PINGPONG"):
+        return 0
+    blocks = dict(BLOCK_M=2 * 64, BLOCK_N=row["BLOCK_N"], PERSISTENT=row["PERSISTENT"])  # fwd_sm90.ROWS per group
+    return persistent_programs(blocks, "sm90", q.shape[0] * q.shape[2], q.shape[1], k.shape[1], statics.band)
 
 
 def _gluon_args(q, k, statics: Statics, row: dict) -> tuple[dict, dict]:
@@ -427,8 +440,13 @@ def _forward_gluon(run: Run, q, k, v, extras: Operands, statics: Statics, row: d
     # a row's PINGPONG for calls without a band: causal ones measured 1-4 % slower with it (configs.SM90_GLUON_FWD_FP8)
     constexprs["PINGPONG"] = bool(row.get("PINGPONG")) and not constexprs["BANDED"]
     v, out_dtype, constexprs["P8_LOG2"] = _fp8_inputs(run, "sm90", q, v, mma_order=True)
+    grid = (_cdiv(sq, 2 * fwd_sm90.ROWS.value), b * h)
+    constexprs.pop("PERSISTENT", None)  # programs per SM: the grid's (gluon_programs), not a kernel parameter
+    programs = gluon_programs(row, q, k, statics)
+    if programs:
+        grid, constexprs["N_ROWS"] = (programs, 1), b * h
     return run(_launch(
-        fwd_sm90.attn_fwd_sm90, grid=(_cdiv(sq, 2 * fwd_sm90.ROWS.value), b * h), inputs=dict(Q=q, K=k, V=v, **inputs),
+        fwd_sm90.attn_fwd_sm90, grid=grid, inputs=dict(Q=q, K=k, V=v, **inputs),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, out_dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
         constexprs=constexprs, options={"num_warps": row["num_warps"]}, extras=extras))
 

@@ -192,9 +192,22 @@ _SM90_FWD64_TMA = dict(_SM90_FWD_TMA, max_block_d=64, min_block_d=64, max_banded
 # dropout: whether calls with dropout take it. H200, bf16, p 0.1, forward ms, Triton rows / this row
 # (hopper_rows_sweep.py gluondropout): D 128 4 x 4096 x 16 1.553 / 1.290, causal 1.004 / 0.808, 1 x 16384 5.81 /
 # 4.81; D 64 causal 4 x 4096 x 32 1.277 / 1.292 (no gain: left to the Triton rows).
+# PERSISTENT (programs per SM): a persistent grid (attn_fwd_sm90 N_ROWS), whose Q buffer is released after a tile's
+# last q.k and whose output has buffers of its own, so the next tile's Q and keys load while a tile finishes; a row
+# with it is taken only where the call runs persistent (_launch.gluon_programs: 16-bit, whole blocks, balanced).
+# H200, bf16, forward ms, cuDNN / the default before (Triton rows below min_seq) / tiled / persistent, same run
+# (hopper_rows_sweep.py gluonpersistent, h200_gluon_persistent_sweep.json; full, then causal):
+#   D 128: 16 x 1024 0.266 / 0.271 / 0.325 / 0.256, 0.182 / 0.181 / 0.249 / 0.171; 8 x 2048 0.498 / 0.510 / 0.529 /
+#   0.448, 0.305 / 0.323 / 0.343 / 0.287; 4 x 4096 0.952 / 0.952 / 0.967 / 0.917, 0.551 / 0.572 / 0.565 / 0.508;
+#   1 x 16384 3.645 / 3.566 / 3.562 / 3.489, 2.015 / 1.889 / 1.884 / 1.889.
+#   D 64: 16 x 1024 0.348 / 0.366 / 0.518 / 0.361, 0.230 / 0.265 / 0.408 / 0.239; 8 x 2048 0.647 / 0.699 / 0.801 /
+#   0.675, 0.374 / 0.422 / 0.551 / 0.391; 4 x 4096 1.267 / 1.355 / 1.367 / 1.354, 0.669 / 0.762 / 0.828 / 0.703;
+#   1 x 16384 4.873 / 4.977 / 4.968 / 5.126, 2.539 / 2.627 / 2.585 / 2.567 (tiled from 8192: the first row).
 SM90_GLUON_FWD = [
+    dict(head_dim=128, min_seq=0, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=True, PERSISTENT=1, num_warps=4),
     dict(head_dim=128, min_seq=4096, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=True, num_warps=4),
     dict(head_dim=64, min_seq=8192, BLOCK_N=128, STAGES=3, CONSUMER_REGS=232, dropout=False, num_warps=4),
+    dict(head_dim=64, min_seq=0, BLOCK_N=128, STAGES=3, CONSUMER_REGS=232, dropout=False, PERSISTENT=1, num_warps=4),
 ]
 # The Gluon forward for fp8 inputs (kernels/fwd_sm90.py, P8_LOG2; V^T's keys in fwd.mma_order's order): which calls
 # take it as SM90_GLUON_FWD's (its rule, _launch.gluon_forward). PINGPONG: the consumer groups take turns to issue,

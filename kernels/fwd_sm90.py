@@ -17,7 +17,14 @@ One program per (128 queries, batch element, head), in masking.tile_order's orde
   D 128 -1 to +6 % faster, D 64 and fp8 within +-4 % on the H200, h200_fence_sweep.json; not done.) PINGPONG: the groups
   take turns to issue their products (FlashAttention-3's ping-pong, _my_turn).
 Descriptors are bounded at the end of the program's batch element (masking.element_tiles' rule), so a ragged block
-reads zeros there and its output rows past the end are not stored."""
+reads zeros there and its output rows past the end are not stored.
+
+Persistent (N_ROWS > 0; configs.SM90_GLUON_FWD's PERSISTENT rows, _launch.gluon_programs): a grid of about one program
+per SM, each running its tiles in masking.persistent_tile's order with one descriptor per tensor (whole query and key
+blocks only), the K / V rings' position carried from tile to tile; the groups release Q's buffer after a tile's last
+q.k (q_empty), and the output has buffers of its own, so the load warp brings the next tile's Q and keys while the
+groups finish a tile (the tiled grid pays that fill per program: H200, 16 x 1024 x 16 x 128 0.325 -> 0.256 ms).
+16-bit inputs without PINGPONG."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -26,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .configs import TILED_GROUP_PROGRAMS
 from .dropout import keep_at, load_seed
 from .fwd import keys_padded
-from .masking import key_blocks, tile_order
+from .masking import key_blocks, persistent_rounds, persistent_tile, tile_order
 from .scores import scores
 
 # Gluon is experimental: triton 3.9 renamed the TMA copies (3.6's names raise there); the kernel compiles with both
@@ -96,13 +103,14 @@ def query_rows(start_m, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, b, bh, BLOC
 
 @gluon.jit
 def load_keys(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, start, n_blocks,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, vt_row=0, V_T: gl.constexpr = False):
-    """The load warp's loop over key blocks: K and V of each into their rings (kv_rings). V_T: v_desc is
-    keys_last_tiles', its head's rows from vt_row."""
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, vt_row=0, V_T: gl.constexpr = False, ring=0):
+    """The load warp's loop over key blocks: K and V of each into their rings (kv_rings), from the rings' position
+    `ring` (blocks loaded before: a persistent program's earlier tiles). V_T: v_desc is keys_last_tiles', its head's
+    rows from vt_row."""
     for i in range(n_blocks):
-        s = i % STAGES
+        s = (ring + i) % STAGES
         # a fresh barrier has completed no phase, and a wait for parity 1 passes: the first round waits for nothing
-        phase = ((i // STAGES) & 1) ^ 1
+        phase = (((ring + i) // STAGES) & 1) ^ 1
         row = kv_row + start + i * BLOCK_N
         mbarrier.wait(k_empty.index(s), phase)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
@@ -206,9 +214,12 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, 
              lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
              slope, seed, keep_scale, v_descale, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
              STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr,
-             ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr):
+             ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr,
+             ring=0, q_phase=0, q_empty=None, PERSISTENT: gl.constexpr = False):
     """Queries [start_m + HALF * ROWS, + ROWS): the key blocks from `start`, masked outside [full_start, full_end).
-    o_smem: the output's staging buffers (q_smem's for 16-bit inputs)."""
+    o_smem: the output's staging buffers (q_smem's for 16-bit inputs). PERSISTENT (_consume_tiles): the rings from
+    position `ring`, Q's phase q_phase, Q released to q_empty after the last q.k, and the previous tile's output
+    store awaited before o_smem is written (not this one's)."""
     BITS: gl.constexpr = q_smem.dtype.primitive_bitwidth
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 256 // BITS])
@@ -223,28 +234,28 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, 
     m = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
-    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(q_bar, q_phase)
 
-    mbarrier.wait(k_ready.index(0), 0)
+    mbarrier.wait(k_ready.index(ring % STAGES), (ring // STAGES) & 1)
     _my_turn(turn, 0, HALF, PINGPONG)
-    qk = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
-                       use_acc=False, is_async=True)
+    qk = warpgroup_mma(q, k_smem.index(ring % STAGES).permute((1, 0)),
+                       gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
     _their_turn(turn, HALF, PINGPONG)
     qk = warpgroup_mma_wait(0, deps=(qk,))
-    mbarrier.arrive(k_empty.index(0))
+    mbarrier.arrive(k_empty.index(ring % STAGES))
     p, m, l, alpha = _online(qk, m, l, q_idx, k_idx + start, (start < full_start) | (start >= full_end), seq_q,
                              seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, BANDED, MAY_MASK, SOFTCAP, ALIBI,
                              DROP_THRESHOLD, P8_LOG2)
     for i in range(1, n_blocks):
-        cur = i % STAGES
-        prev = (i - 1) % STAGES
+        cur = (ring + i) % STAGES
+        prev = (ring + i - 1) % STAGES
         start_n = start + i * BLOCK_N
         # block i's q.k, then block i - 1's P.V; wait(1) returns once q.k is done (ptxas waits for P.V before the
         # softmax: the module's docstring)
-        mbarrier.wait(k_ready.index(cur), (i // STAGES) & 1)
+        mbarrier.wait(k_ready.index(cur), ((ring + i) // STAGES) & 1)
         _my_turn(turn, i, HALF, PINGPONG)
         qk = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), qk, use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((ring + i - 1) // STAGES) & 1)
         acc = _pv(p, v_smem.index(prev), acc, p_layout, V_T)
         _their_turn(turn, HALF, PINGPONG)
         qk = warpgroup_mma_wait(1, deps=(qk,))
@@ -255,8 +266,10 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, 
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_empty.index(prev))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-    last = (n_blocks - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+    if PERSISTENT:  # every q.k of the tile is done: Q's buffer to the next tile
+        mbarrier.arrive(q_empty)
+    last = (ring + n_blocks - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((ring + n_blocks - 1) // STAGES) & 1)
     _my_turn(turn, n_blocks, HALF, PINGPONG)
     acc = _pv(p, v_smem.index(last), acc, p_layout, V_T)
     _their_turn(turn, HALF, PINGPONG)
@@ -272,11 +285,70 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, 
     if P8_LOG2 > 0:
         out = out * v_descale
     o = o_smem.index(HALF)
-    o.store(out.to(o.dtype))  # with 16-bit inputs Q's buffer, free: both products that read it are done
+    if PERSISTENT:
+        tma.store_wait(0)  # the previous tile's output has left o_smem
+    o.store(out.to(o.dtype))  # with 16-bit inputs and a tiled grid Q's buffer, free: the products that read it are done
     fence_async_shared()
     tma_store(o_desc, [q_row + HALF * ROWS, q_col], o)
     gl.store(Lse + lse_row + rows, gl.where(empty, float("-inf"), m + gl.log2(l_safe) - P8_LOG2), mask=rows < seq_q)
+    if not PERSISTENT:
+        tma.store_wait(0)
+
+
+@gluon.jit
+def _tile_of(r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H: gl.constexpr, KV_H: gl.constexpr,
+             BLOCK_N: gl.constexpr, BANDED: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr):
+    """Round r's tile of a persistent program (masking.persistent_tile's order over n_m query blocks of 2 * ROWS of
+    n_rows = batch * H rows): (start_m, b, h, kv_h, bh, slope, seed, start, full_start, full_end, n_blocks)."""
+    block, bh = persistent_tile(r, n_m, n_rows)
+    start_m = block * (2 * ROWS)
+    b = bh // H
+    h = bh % H
+    slope, seed, start, full_start, full_end, end = query_rows(start_m, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, b,
+                                                               bh, BLOCK_N, BANDED, ALIBI, DROP_THRESHOLD)
+    n_blocks = gl.cdiv(gl.maximum(end - start, 1), BLOCK_N)
+    return start_m, b, h, h // (H // KV_H), bh, slope, seed, start, full_start, full_end, n_blocks
+
+
+@gluon.jit
+def _consume_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, turn, k_ready, v_ready,
+                   k_empty, v_empty, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale,
+                   HALF: gl.constexpr, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr,
+                   SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr):
+    """A persistent program's consumer group: _consume over its tiles, the rings' position carried across them."""
+    ring = 0
+    for r in range(persistent_rounds(n_m * n_rows)):
+        start_m, b, h, kv_h, bh, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
+            r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI,
+            DROP_THRESHOLD)
+        _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, v_ready, k_empty, v_empty,
+                 b * seq_q + start_m, h * HEAD_DIM, bh.to(gl.int64) * seq_q, start_m, start, full_start, full_end,
+                 n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, keep_scale, 1.0, HALF,
+                 HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, 0, False, ring, r & 1,
+                 q_empty, True)
+        ring += n_blocks
     tma.store_wait(0)
+
+
+@gluon.jit
+def _loads_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, Slopes, Seeds, q_bar, q_empty, k_ready, v_ready,
+                 k_empty, v_empty, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, H: gl.constexpr, KV_H: gl.constexpr,
+                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr,
+                 ALIBI: gl.constexpr):
+    """A persistent program's load warp: each tile's Q once both groups released the last one, then its keys."""
+    ring = 0
+    for r in range(persistent_rounds(n_m * n_rows)):
+        start_m, b, h, kv_h, bh, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
+            r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI, 0)
+        q_row = b * seq_q + start_m
+        mbarrier.wait(q_empty, (r & 1) ^ 1)
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+        tma_load(q_desc, [q_row, h * HEAD_DIM], q_bar, q_smem.index(0))
+        tma_load(q_desc, [q_row + ROWS, h * HEAD_DIM], q_bar, q_smem.index(1))
+        load_keys(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b * seq_k, kv_h * HEAD_DIM,
+                  start, n_blocks, BLOCK_N, STAGES, 0, False, ring)
+        ring += n_blocks
 
 
 @gluon.jit
@@ -285,11 +357,70 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr,
                   ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, KEYS_EVEN: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr, P8_LOG2: gl.constexpr = 0, PINGPONG: gl.constexpr = False,
-                  GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS):
+                  GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS, N_ROWS: gl.constexpr = 0):
     """fwd.attn_fwd's arguments of the same names (fp8: V is fwd.keys_last's); grid (cdiv(seq_q, 128), batch * H).
     KEYS_EVEN: seq_k is a multiple of BLOCK_N (else the last key block is masked). CONSUMER_REGS: registers per thread
     of the second consumer group (a worker partition; the first is the default partition, which gets what the workers
-    leave)."""
+    leave). N_ROWS > 0: persistent, grid (programs,), over the tiles of N_ROWS = batch * H rows (16-bit inputs, no
+    PINGPONG, query and key lengths multiples of 2 * ROWS and BLOCK_N: one descriptor per tensor serves every tile)."""
+    if N_ROWS > 0:
+        _persistent(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse, H,
+                    KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD, CONSUMER_REGS, N_ROWS)
+    else:
+        _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softcap, keep_scale, seq_q, seq_k,
+               lo_off, hi_off, Out, Lse, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD,
+               KEYS_EVEN, CONSUMER_REGS, P8_LOG2, PINGPONG, GROUP_PROGRAMS)
+
+
+@gluon.jit
+def _persistent(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse,
+                H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                DROP_THRESHOLD: gl.constexpr, CONSUMER_REGS: gl.constexpr, N_ROWS: gl.constexpr):
+    """attn_fwd_sm90's persistent program: the Q buffer released per tile (q_empty), the output through buffers of
+    its own, so a tile's Q and first keys load while the last tile finishes."""
+    last = N_ROWS // H - 1  # descriptors over the whole batch
+    q_desc = tiles(Q, last, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
+    o_desc = tiles(Out, last, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
+    k_desc = tiles(K, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
+    v_desc = tiles(V, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
+    q_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [2, ROWS, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(K.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    o_smem = gl.allocate_shared_memory(Out.dtype.element_ty, [2, ROWS, HEAD_DIM], o_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_empty, count=2)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # unused (no PINGPONG)
+    k_ready, v_ready, k_empty, v_empty = kv_rings(STAGES)
+    fence_async_shared()
+    n_m = gl.cdiv(seq_q, 2 * ROWS)
+    gl.warp_specialize([
+        (_consume_tiles, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, turn, k_ready,
+                          v_ready, k_empty, v_empty, n_m, N_ROWS, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
+                          keep_scale, 0, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, BANDED, SOFTCAP, ALIBI,
+                          DROP_THRESHOLD)),
+        (_consume_tiles, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, turn, k_ready,
+                          v_ready, k_empty, v_empty, n_m, N_ROWS, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
+                          keep_scale, 1, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, BANDED, SOFTCAP, ALIBI,
+                          DROP_THRESHOLD)),
+        (_loads_tiles, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, Slopes, Seeds, q_bar, q_empty, k_ready, v_ready,
+                        k_empty, v_empty, n_m, N_ROWS, seq_q, seq_k, lo_off, hi_off, H, KV_H, HEAD_DIM, BLOCK_N, STAGES,
+                        BANDED, ALIBI)),
+    ], [4, 1], [CONSUMER_REGS, 24])
+    mbarrier.invalidate(q_bar)
+    mbarrier.invalidate(q_empty)
+    invalidate_kv_rings(k_ready, v_ready, k_empty, v_empty, STAGES)
+
+
+@gluon.jit
+def _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
+           hi_off, Out, Lse, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+           STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+           DROP_THRESHOLD: gl.constexpr, KEYS_EVEN: gl.constexpr, CONSUMER_REGS: gl.constexpr, P8_LOG2: gl.constexpr,
+           PINGPONG: gl.constexpr, GROUP_PROGRAMS: gl.constexpr):
+    """attn_fwd_sm90's program of a tiled grid: one tile."""
     i, bh = tile_order(BANDED, GROUP_PROGRAMS)
     start_m = (gl.num_programs(0) - 1 - i) * (2 * ROWS)
     b = bh // H

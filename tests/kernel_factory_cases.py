@@ -120,6 +120,15 @@ def case_cuda_gluon_forward():
     name, warps, scratch = kernel.args[0], kernel.args[1], kernel.args[7]
     assert name.startswith("attn_fwd_sm90") and warps == 12 and scratch > 0, kernel.args[:3] + kernel.args[7:]
     assert "setmaxnreg" in kernel.args[4], "the partitions' register split"
+    assert not launch.constexprs["N_ROWS"], launch.constexprs  # causal 1 x 4096 x 16: unbalanced, one program per tile
+    # without a band: the persistent grid (_launch.gluon_programs)
+    launches.clear()
+    _launch.forward(record, "sm90", q, q, q, statics=_launch.Statics(128 ** -0.5, Band.of(False, (-1, -1), 4096, 4096)))
+    (persistent,) = launches
+    assert persistent.constexprs["N_ROWS"] == 16 and persistent.grid[1] == 1, (persistent.grid, persistent.constexprs)
+    dtypes, scalars = _signature(persistent)
+    kernel, _ = call(persistent.kernel, cuda, "cuda", dtypes, scalars, persistent.constexprs, num_warps=4)
+    assert kernel.args[1] == 12 and kernel.args[7] > 0, kernel.args[:3] + kernel.args[7:]
     # and with dropout, where a row lets it take the kernel
     from jax_flash_amd.kernels import configs
     from jax_flash_amd.operands import Operands

@@ -63,7 +63,7 @@ def test_gluon_forward(name, monkeypatch):
     shipped rows as they are."""
     c = _case(name)
     if c["real_rows"]:
-        c["sq"] = c["sk"] = next(r["min_seq"] for r in configs.SM90_GLUON_FWD if r["head_dim"] == c["d"])
+        c["sq"] = c["sk"] = max(r["min_seq"] for r in configs.SM90_GLUON_FWD if r["head_dim"] == c["d"])
     else:
         monkeypatch.setattr(configs, "SM90_GLUON_FWD", [dict(row, min_seq=0, dropout=True)
                                                         for row in configs.SM90_GLUON_FWD])
@@ -72,9 +72,41 @@ def test_gluon_forward(name, monkeypatch):
     assert kernels[0] == "attn_fwd_sm90", kernels
 
 
-def run_case(c, seed):
+# whole query and key blocks: the persistent grid (PERSISTENT rows) on 3 programs, so each runs many tiles (the K / V
+# rings and Q's buffer carried across them, causal tiles of unequal work)
+PERSISTENT_CASES = {
+    "full": dict(sq=512, sk=512),
+    "causal": dict(sq=512, sk=512, causal=True),
+    "cross-causal": dict(sq=256, sk=640, causal=True),
+    "gqa-alibi-causal": dict(sq=384, sk=384, causal=True, h_kv=2, alibi=True),
+    "two-sided": dict(sq=640, sk=512, window=(60, 40)),
+    "softcap-causal": dict(sq=512, sk=512, causal=True, softcap=20.0),
+    "dropout-causal": dict(sq=512, sk=512, causal=True, dropout=0.2),
+    "d64-causal": dict(sq=512, sk=512, causal=True, d=64),
+    "d64-full": dict(sq=384, sk=256, d=64),
+    "fp16-causal": dict(sq=512, sk=512, causal=True, dtype=jnp.float16),
+}
+
+
+@pytest.mark.parametrize("name", list(PERSISTENT_CASES))
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_gluon_persistent_forward(name, monkeypatch):
+    """The Gluon forward's persistent grid (the rows with PERSISTENT, from any length, dropout on, any balance) on 3
+    programs, against float64."""
+    monkeypatch.setattr(configs, "SM90_GLUON_FWD", [dict(row, min_seq=0, dropout=True) for row in
+                                                    configs.SM90_GLUON_FWD if row.get("PERSISTENT")])
+    monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
+    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))
+    monkeypatch.setattr(_launch, "compute_units", lambda target: 3)
+    grids = []
+    run_case(with_defaults(PERSISTENT_CASES[name]), seed=29, grids=grids)
+    assert grids[0] == ("attn_fwd_sm90", (3, 1)), grids
+
+
+def run_case(c, seed, grids=None):
     """Case c (_case) through _launch's forward and backward on the GPU, the rows as the caller set them, against
-    float64; the kernels it launched."""
+    float64; the kernels it launched (and into `grids`, their (name, grid))."""
     b, h, d = c["b"], c["h"], c["d"]
     q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), c["dtype"], seed=seed)
     slopes = jax.random.uniform(jax.random.key(seed), (b, h), jnp.float32, 0.01, 0.5) if c["alibi"] else None
@@ -86,6 +118,8 @@ def run_case(c, seed):
 
     def run(launch):
         kernels.append(launch.kernel.__name__)
+        if grids is not None:
+            grids.append((launch.kernel.__name__, launch.grid))
         return _triton.run(launch)
 
     got = jax.jit(fwd_bwd_through(run, _triton.target(), statics))(q, k, v, dout, dlse,
@@ -145,13 +179,14 @@ def takes(monkeypatch, rule, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 
     if positions:
         extras["positions"] = jnp.zeros((shape[0], 3), jnp.int32)
     row = rule(target, q, k, statics, dataclasses.replace(Operands(), **extras), rows)
-    return None if row is None else row[key]
+    return None if row is None else row.get(key)
 
 
 @pytest.mark.parametrize("case, head", [
     (dict(), 128),
     (dict(shape=(2, 8192, 32, 64)), 64),
-    (dict(shape=(2, 4096, 32, 64)), None),  # D 64 from 8192 queries
+    (dict(shape=(2, 4096, 32, 64)), 64),  # D 64 below 8192: the persistent row (whole blocks)
+    (dict(shape=(2, 4000, 32, 64)), None),  # ragged: no persistent grid, and the tiled row from 8192
     (dict(kv_heads=4), 128),  # grouped heads
     (dict(dtype=jnp.float16), 128),
     (dict(alibi=True), 128),
@@ -159,8 +194,12 @@ def takes(monkeypatch, rule, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 
     (dict(window=(1024, 0)), None),  # narrow windows: the Triton rows (short key loops)
     (dict(causal=False), 128),
     (dict(causal=False, window=(3000, 3000)), 128),  # two-sided, wider than configs.NARROW_WINDOW
-    (dict(shape=(16, 1024, 16, 128)), None),  # below min_seq: the Triton rows are faster there
-    (dict(seq_k=1024), None),  # short key loops too
+    (dict(shape=(16, 1024, 16, 128)), 128),  # the persistent row: whole blocks
+    (dict(shape=(16, 1000, 16, 128)), None),  # ragged and below the tiled row's min_seq: the Triton rows
+    (dict(shape=(1, 8200, 16, 128)), 128),  # ragged from the tiled row's min_seq
+    (dict(seq_k=1024), None),  # short key loops: the Triton rows (persistent: too many causal query blocks)
+    (dict(seq_k=1024, causal=False), 128),  # persistent
+    (dict(seq_k=1000, causal=False), None),  # ragged short key loops: the Triton rows
     (dict(shape=(4, 4096, 16, 128)), 128),
     (dict(shape=(1, 8192, 16, 256)), None),  # no row for the head
     (dict(shape=(1, 8192, 16, 96)), None),  # not a whole 16-bit tile
@@ -178,6 +217,18 @@ def takes(monkeypatch, rule, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 
 ])
 def test_which_calls_take_the_gluon_forward(case, head, monkeypatch):
     assert takes(monkeypatch, _launch.gluon_forward, **case) == head
+
+
+@pytest.mark.parametrize("case, persistent", [
+    (dict(shape=(4, 4096, 16, 128)), True),
+    (dict(shape=(4, 4096, 16, 128), causal=False), True),
+    (dict(shape=(1, 8200, 16, 128)), False),  # ragged: one descriptor cannot serve every tile
+    (dict(shape=(2, 4096, 32, 64)), True),
+    (dict(shape=(1, 16384, 32, 64)), False),  # D 64 from 8192: the tiled row (persistent measured slower there)
+    (dict(shape=(1, 16384, 16, 128), dtype=jnp.float8_e4m3fn), False),  # fp8: its own rows, tiled
+])
+def test_which_calls_run_the_gluon_forward_persistent(case, persistent, monkeypatch):
+    assert bool(takes(monkeypatch, _launch.gluon_forward, key="PERSISTENT", **case)) == persistent
 
 
 @pytest.mark.parametrize("case, head", [
@@ -248,11 +299,11 @@ def test_gluon_fp8_forward(name, monkeypatch):
 def test_every_gluon_row_is_within_the_kernels_limits():
     """Rows as data, checked: one per head dim the kernel takes, and within its shared memory and block rules (fp8:
     8-bit tiles and the bfloat16 output's own buffers)."""
-    dims = [row["head_dim"] for row in configs.SM90_GLUON_FWD]
-    assert sorted(dims) == [64, 128], dims
+    dims = {row["head_dim"] for row in configs.SM90_GLUON_FWD}
+    assert dims == {64, 128}, dims
     for row, fp8 in [(r, False) for r in configs.SM90_GLUON_FWD] + [(r, True) for r in
                                                                        configs.SM90_GLUON_FWD_FP8_CANDIDATES]:
         tiles = (2 * 64 + 2 * row["STAGES"] * row["BLOCK_N"]) * row["head_dim"] * (1 if fp8 else 2)  # Q, K, V
-        tiles += 2 * 64 * row["head_dim"] * 2 if fp8 else 0
+        tiles += 2 * 64 * row["head_dim"] * 2 if fp8 or row.get("PERSISTENT") else 0  # the output's own buffers
         assert tiles <= 227 * 1024, row
         assert row["BLOCK_N"] in (64, 128) and row["num_warps"] == 4 and 24 < row["CONSUMER_REGS"] <= 256, row
