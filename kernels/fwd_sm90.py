@@ -296,22 +296,31 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, 
 
 
 @gluon.jit
-def _tile_of(r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H: gl.constexpr, KV_H: gl.constexpr,
-             BLOCK_N: gl.constexpr, BANDED: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr):
-    """Round r's tile of a persistent program (masking.persistent_tile's order over n_m query blocks of 2 * ROWS of
-    n_rows = batch * H rows): (start_m, b, h, kv_h, bh, slope, seed, start, full_start, full_end, n_blocks)."""
-    block, bh = persistent_tile(r, n_m, n_rows)
-    start_m = block * (2 * ROWS)
+def _tile(start_m, bh, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H: gl.constexpr, KV_H: gl.constexpr,
+          BLOCK_N: gl.constexpr, BANDED: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr):
+    """The tile of 2 * ROWS queries from start_m of row bh = batch * H + head: (b, h, kv_h, slope, seed, start,
+    full_start, full_end, n_blocks), query_rows' with its key blocks counted."""
     b = bh // H
     h = bh % H
     slope, seed, start, full_start, full_end, end = query_rows(start_m, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, b,
                                                                bh, BLOCK_N, BANDED, ALIBI, DROP_THRESHOLD)
-    n_blocks = gl.cdiv(gl.maximum(end - start, 1), BLOCK_N)
-    return start_m, b, h, h // (H // KV_H), bh, slope, seed, start, full_start, full_end, n_blocks
+    n_blocks = gl.cdiv(gl.maximum(end - start, 1), BLOCK_N)  # an empty band still runs one (masked) block
+    return b, h, h // (H // KV_H), slope, seed, start, full_start, full_end, n_blocks
 
 
 @gluon.jit
-def _consume_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, turn, k_ready, v_ready,
+def _tile_of(r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H: gl.constexpr, KV_H: gl.constexpr,
+             BLOCK_N: gl.constexpr, BANDED: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr):
+    """Round r's tile of a persistent program (masking.persistent_tile's order over n_m query blocks of 2 * ROWS of
+    n_rows = batch * H rows): (start_m, bh) and _tile's."""
+    block, bh = persistent_tile(r, n_m, n_rows)
+    start_m = block * (2 * ROWS)
+    return (start_m, bh) + _tile(start_m, bh, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED,
+                                 ALIBI, DROP_THRESHOLD)
+
+
+@gluon.jit
+def _consume_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, k_ready, v_ready,
                    k_empty, v_empty, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale,
                    HALF: gl.constexpr, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr,
@@ -319,10 +328,10 @@ def _consume_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q
     """A persistent program's consumer group: _consume over its tiles, the rings' position carried across them."""
     ring = 0
     for r in range(persistent_rounds(n_m * n_rows)):
-        start_m, b, h, kv_h, bh, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
+        start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
             r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI,
             DROP_THRESHOLD)
-        _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, v_ready, k_empty, v_empty,
+        _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, None, k_ready, v_ready, k_empty, v_empty,
                  b * seq_q + start_m, h * HEAD_DIM, bh.to(gl.int64) * seq_q, start_m, start, full_start, full_end,
                  n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, keep_scale, 1.0, HALF,
                  HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, 0, False, ring, r & 1,
@@ -339,8 +348,9 @@ def _loads_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, Slopes, Seeds, 
     """A persistent program's load warp: each tile's Q once both groups released the last one, then its keys."""
     ring = 0
     for r in range(persistent_rounds(n_m * n_rows)):
-        start_m, b, h, kv_h, bh, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
-            r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI, 0)
+        # (the load warp needs neither the ALiBi slope nor the dropout seed)
+        start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
+            r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, False, 0)
         q_row = b * seq_q + start_m
         mbarrier.wait(q_empty, (r & 1) ^ 1)
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
@@ -392,16 +402,15 @@ def _persistent(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, se
     mbarrier.init(q_bar, count=1)
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_empty, count=2)
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # unused (no PINGPONG)
     k_ready, v_ready, k_empty, v_empty = kv_rings(STAGES)
     fence_async_shared()
     n_m = gl.cdiv(seq_q, 2 * ROWS)
     gl.warp_specialize([
-        (_consume_tiles, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, turn, k_ready,
+        (_consume_tiles, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, k_ready,
                           v_ready, k_empty, v_empty, n_m, N_ROWS, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
                           keep_scale, 0, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, BANDED, SOFTCAP, ALIBI,
                           DROP_THRESHOLD)),
-        (_consume_tiles, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, turn, k_ready,
+        (_consume_tiles, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, k_ready,
                           v_ready, k_empty, v_empty, n_m, N_ROWS, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
                           keep_scale, 1, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, BANDED, SOFTCAP, ALIBI,
                           DROP_THRESHOLD)),
@@ -453,9 +462,8 @@ def _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softc
     k_ready, v_ready, k_empty, v_empty = kv_rings(STAGES)
     fence_async_shared()
 
-    slope, seed, start, full_start, full_end, end = query_rows(start_m, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, b,
-                                                               bh, BLOCK_N, BANDED, ALIBI, DROP_THRESHOLD)
-    n_blocks = gl.cdiv(gl.maximum(end - start, 1), BLOCK_N)  # an empty band still runs one (masked) block
+    _b, _h, _kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile(
+        start_m, bh, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI, DROP_THRESHOLD)
     MAY_MASK: gl.constexpr = BANDED or not KEYS_EVEN
     q_row = b * seq_q + start_m
     q_col = h * HEAD_DIM
