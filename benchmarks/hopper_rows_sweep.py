@@ -102,6 +102,7 @@ PINGPONG = {"fwd": [_gluon(), _gluon(PINGPONG=True), _gluon(PINGPONG=True, STAGE
 # the Gluon forward persistent (PERSISTENT: programs per SM; whole query and key blocks, 16-bit, no PINGPONG) against
 # its tiled grid and the Triton rows (the default below the rows' min_seq)
 GLUON_PERSISTENT = {"fwd": [_gluon(), _gluon(PERSISTENT=1)]}
+GLUON_CARRY = {"fwd": [_gluon(PERSISTENT=1, CARRY=0), _gluon(PERSISTENT=1, CARRY=1)]}
 
 # dropout through the Gluon kernels (their rows' `dropout` on) against the Triton rows it takes by default
 GLUON_DROPOUT = {"fwd": [_gluon(dropout=True)], "dkdv": [_gluon_dkdv(dropout=True)], "_dropout": 0.1}
@@ -313,6 +314,9 @@ SETS = {
                                                                                 GLUON_DROPOUT)],
     "gluonpersistent": [((16384 // n, n, h, d), causal, (-1, -1), GLUON_PERSISTENT) for d, h in ((64, 32), (128, 16))
                         for n in (4096, 1024, 2048, 16384) for causal in (False, True)],
+    # the persistent Gluon forward with and without CARRY (fwd_sm90._carried_tiles), same process
+    "gluoncarry": [((16384 // n, n, h, d), causal, (-1, -1), GLUON_CARRY) for d, h in ((128, 16), (64, 32))
+                   for n in (4096, 1024, 16384) for causal in (False, True) if (d, n) != (64, 16384)],
     "gluon8k": [((2, 8192, h, d), causal, (-1, -1), dict(fwd=GLUON["fwd"][:2])) for d, h in ((128, 16), (64, 32))
                 for causal in (False, True)],
     "gluonwindow": [((1, 16384, 16, 128), w[1] == 0, w, dict(fwd=GLUON["fwd"][:2])) for w in ((1024, 0), (256, 256))],

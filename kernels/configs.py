@@ -203,11 +203,19 @@ _SM90_FWD64_TMA = dict(_SM90_FWD_TMA, max_block_d=64, min_block_d=64, max_banded
 #   D 64: 16 x 1024 0.348 / 0.366 / 0.518 / 0.361, 0.230 / 0.265 / 0.408 / 0.239; 8 x 2048 0.647 / 0.699 / 0.801 /
 #   0.675, 0.374 / 0.422 / 0.551 / 0.391; 4 x 4096 1.267 / 1.355 / 1.367 / 1.354, 0.669 / 0.762 / 0.828 / 0.703;
 #   1 x 16384 4.873 / 4.977 / 4.968 / 5.126, 2.539 / 2.627 / 2.585 / 2.567 (tiled from 8192: the first row).
+# CARRY (fwd_sm90._carried_tiles): two tiles' Q buffers, and the next tile's first q.k issued before a tile's last
+# P.V. H200, forward ms, cuDNN / persistent without / with it, same process (hopper_rows_sweep.py gluoncarry,
+# h200_gluon_carry_sweep.json "same_process"): D 64 4 x 4096 1.263 / 1.333 / 1.305, causal 0.696 / 0.707 / 0.673;
+# 16 x 1024 0.345 / 0.372 / 0.350, causal 0.226 / 0.242 / 0.229. D 128 (not taken yet: its A/B across two processes
+# read 3-5 % slower with it at long non-causal calls, the same process within 1 %): 4 x 4096 0.950 / 0.933 / 0.930,
+# causal 0.556 / 0.527 / 0.475; 16 x 1024 0.267 / 0.260 / 0.241, causal 0.184 / 0.173 / 0.174; 1 x 16384 3.688 /
+# 3.581 / 3.613.
 SM90_GLUON_FWD = [
     dict(head_dim=128, min_seq=0, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=True, PERSISTENT=1, num_warps=4),
     dict(head_dim=128, min_seq=4096, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=True, num_warps=4),
     dict(head_dim=64, min_seq=8192, BLOCK_N=128, STAGES=3, CONSUMER_REGS=232, dropout=False, num_warps=4),
-    dict(head_dim=64, min_seq=0, BLOCK_N=128, STAGES=3, CONSUMER_REGS=232, dropout=False, PERSISTENT=1, num_warps=4),
+    dict(head_dim=64, min_seq=0, BLOCK_N=128, STAGES=3, CONSUMER_REGS=232, dropout=False, PERSISTENT=1, CARRY=1,
+         num_warps=4),
 ]
 # The Gluon forward for fp8 inputs (kernels/fwd_sm90.py, P8_LOG2; V^T's keys in fwd.mma_order's order): which calls
 # take it as SM90_GLUON_FWD's (its rule, _launch.gluon_forward). PINGPONG: the consumer groups take turns to issue,

@@ -24,7 +24,9 @@ per SM, each running its tiles in masking.persistent_tile's order with one descr
 blocks only), the K / V rings' position carried from tile to tile; the groups release Q's buffer after a tile's last
 q.k (q_empty), and the output has buffers of its own, so the load warp brings the next tile's Q and keys while the
 groups finish a tile (the tiled grid pays that fill per program: H200, 16 x 1024 x 16 x 128 0.325 -> 0.256 ms).
-16-bit inputs without PINGPONG."""
+16-bit inputs without PINGPONG. CARRY (_carried_tiles): two tiles' Q buffers, and a group issues the next tile's first
+q.k before its tile's last P.V, so its change of tile leaves no gap on the tensor cores (H200, D 64 4 x 4096 x 32
+1.333 -> 1.305 ms, causal 0.707 -> 0.673)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -209,54 +211,56 @@ def _their_turn(turn, HALF: gl.constexpr, PINGPONG: gl.constexpr):
         mbarrier.arrive(turn.index(1 - HALF))
 
 
+@gluon.constexpr_function
+def _layout(of, bits, head_dim, block_n):
+    """A consumer group's wgmma layout of S (`of` "s"), O ("o"), or P as O's operand ("p"), for inputs of `bits`."""
+    s = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_n, 256 // bits])
+    o = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, head_dim, 256 // bits])
+    return {"s": s, "o": o, "p": gl.DotOperandLayout(operand_index=0, parent=o, k_width=32 // bits)}[of]
+
+
 @gluon.jit
-def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
-             lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
-             slope, seed, keep_scale, v_descale, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-             STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr,
-             ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr,
-             ring=0, q_phase=0, q_empty=None, PERSISTENT: gl.constexpr = False):
-    """Queries [start_m + HALF * ROWS, + ROWS): the key blocks from `start`, masked outside [full_start, full_end).
-    o_smem: the output's staging buffers (q_smem's for 16-bit inputs). PERSISTENT (_consume_tiles): the rings from
-    position `ring`, Q's phase q_phase, Q released to q_empty after the last q.k, and the previous tile's output
-    store awaited before o_smem is written (not this one's)."""
-    BITS: gl.constexpr = q_smem.dtype.primitive_bitwidth
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 256 // BITS])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 256 // BITS])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=32 // BITS)
-    V_T: gl.constexpr = P8_LOG2 > 0
-    q = q_smem.index(HALF)
-    rows = start_m + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-    q_idx = gl.expand_dims(rows, 1)
-    k_idx = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+def _first(q, k_smem, k_ready, k_empty, turn, ring, qk, q_idx, k_idx, start, full_start, full_end, seq_q, seq_k,
+           lo_off, hi_off, sm_scale, softcap, slope, seed, s_layout: gl.constexpr, HALF: gl.constexpr,
+           BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+           DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr):
+    """A tile's block 0 (its keys from `start`, the rings' block `ring`): q.k alone (into qk's registers, not added
+    to), then its softmax from m = -inf, l = 0: (p, m, l, qk)."""
+    STAGES: gl.constexpr = k_smem.shape[0]
     m = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
-    mbarrier.wait(q_bar, q_phase)
-
     mbarrier.wait(k_ready.index(ring % STAGES), (ring // STAGES) & 1)
     _my_turn(turn, 0, HALF, PINGPONG)
-    qk = warpgroup_mma(q, k_smem.index(ring % STAGES).permute((1, 0)),
-                       gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+    qk = warpgroup_mma(q, k_smem.index(ring % STAGES).permute((1, 0)), qk, use_acc=False, is_async=True)
     _their_turn(turn, HALF, PINGPONG)
     qk = warpgroup_mma_wait(0, deps=(qk,))
     mbarrier.arrive(k_empty.index(ring % STAGES))
-    p, m, l, alpha = _online(qk, m, l, q_idx, k_idx + start, (start < full_start) | (start >= full_end), seq_q,
-                             seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, BANDED, MAY_MASK, SOFTCAP, ALIBI,
-                             DROP_THRESHOLD, P8_LOG2)
+    p, m, l, _ = _online(qk, m, l, q_idx, k_idx + start, (start < full_start) | (start >= full_end), seq_q, seq_k,
+                         lo_off, hi_off, sm_scale, softcap, slope, seed, BANDED, MAY_MASK, SOFTCAP, ALIBI,
+                         DROP_THRESHOLD, P8_LOG2)
+    return p, m, l, qk
+
+
+@gluon.jit
+def _blocks(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ring, n_blocks, p, m, l, acc, qk, q_idx, k_idx,
+            start, full_start, full_end, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed,
+            s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr, HALF: gl.constexpr,
+            BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+            DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr):
+    """A tile's blocks 1 .. n_blocks - 1 after _first: each block's q.k, then the block before's P.V; wait(1) returns
+    once q.k is done (ptxas waits for P.V before the softmax: the module's docstring). (p, m, l, acc, qk): the last
+    block's P.V not yet added."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
     for i in range(1, n_blocks):
         cur = (ring + i) % STAGES
         prev = (ring + i - 1) % STAGES
         start_n = start + i * BLOCK_N
-        # block i's q.k, then block i - 1's P.V; wait(1) returns once q.k is done (ptxas waits for P.V before the
-        # softmax: the module's docstring)
         mbarrier.wait(k_ready.index(cur), ((ring + i) // STAGES) & 1)
         _my_turn(turn, i, HALF, PINGPONG)
         qk = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), qk, use_acc=False, is_async=True)
         mbarrier.wait(v_ready.index(prev), ((ring + i - 1) // STAGES) & 1)
-        acc = _pv(p, v_smem.index(prev), acc, p_layout, V_T)
+        acc = _pv(p, v_smem.index(prev), acc, p_layout, P8_LOG2 > 0)
         _their_turn(turn, HALF, PINGPONG)
         qk = warpgroup_mma_wait(1, deps=(qk,))
         mbarrier.arrive(k_empty.index(cur))
@@ -266,16 +270,14 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, 
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_empty.index(prev))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-    if PERSISTENT:  # every q.k of the tile is done: Q's buffer to the next tile
-        mbarrier.arrive(q_empty)
-    last = (ring + n_blocks - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((ring + n_blocks - 1) // STAGES) & 1)
-    _my_turn(turn, n_blocks, HALF, PINGPONG)
-    acc = _pv(p, v_smem.index(last), acc, p_layout, V_T)
-    _their_turn(turn, HALF, PINGPONG)
-    acc = warpgroup_mma_wait(0, deps=(acc,))
-    mbarrier.arrive(v_empty.index(last))
+    return p, m, l, acc, qk
 
+
+@gluon.jit
+def _finish(acc, m, l, o, o_desc, Lse, q_row, q_col, lse_row, rows, seq_q, keep_scale, v_descale,
+            o_layout: gl.constexpr, DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PERSISTENT: gl.constexpr):
+    """A group's output rows from the accumulated acc, m, l: O through o (a shared buffer) by TMA, the lse stored.
+    PERSISTENT: awaits the previous tile's store before writing o, and leaves this one's in flight."""
     # rows that saw no key: output 0, lse -inf (fwd.attn_fwd's)
     empty = l == 0.0
     l_safe = gl.where(empty, 1.0, l)
@@ -284,15 +286,71 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, 
         out = out * keep_scale
     if P8_LOG2 > 0:
         out = out * v_descale
-    o = o_smem.index(HALF)
     if PERSISTENT:
-        tma.store_wait(0)  # the previous tile's output has left o_smem
+        tma.store_wait(0)  # the previous tile's output has left o
     o.store(out.to(o.dtype))  # with 16-bit inputs and a tiled grid Q's buffer, free: the products that read it are done
     fence_async_shared()
-    tma_store(o_desc, [q_row + HALF * ROWS, q_col], o)
+    tma_store(o_desc, [q_row, q_col], o)
     gl.store(Lse + lse_row + rows, gl.where(empty, float("-inf"), m + gl.log2(l_safe) - P8_LOG2), mask=rows < seq_q)
     if not PERSISTENT:
         tma.store_wait(0)
+
+
+@gluon.jit
+def _close(p, acc, m, l, v_smem, v_ready, v_empty, turn, j, o, o_desc, Lse, q_row, q_col, lse_row, rows, seq_q,
+           keep_scale, v_descale, o_layout: gl.constexpr, p_layout: gl.constexpr, HALF: gl.constexpr,
+           DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+    """A tile's last P.V (its block at the rings' position j), then _finish."""
+    STAGES: gl.constexpr = v_smem.shape[0]
+    mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
+    _my_turn(turn, j + 1, HALF, PINGPONG)
+    acc = _pv(p, v_smem.index(j % STAGES), acc, p_layout, P8_LOG2 > 0)
+    _their_turn(turn, HALF, PINGPONG)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(v_empty.index(j % STAGES))
+    _finish(acc, m, l, o, o_desc, Lse, q_row, q_col, lse_row, rows, seq_q, keep_scale, v_descale, o_layout,
+            DROP_THRESHOLD, P8_LOG2, PERSISTENT)
+
+
+@gluon.jit
+def _group_rows(start_m, HALF: gl.constexpr, s_layout: gl.constexpr):
+    """The query indices of consumer group HALF's rows of the tile from start_m."""
+    return start_m + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+
+
+@gluon.jit
+def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, v_ready, k_empty, v_empty, q_row, q_col,
+             lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
+             slope, seed, keep_scale, v_descale, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+             STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr,
+             ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr,
+             ring=0, q_phase=0, q_empty=None, PERSISTENT: gl.constexpr = False):
+    """A consumer group's tile: queries [start_m + HALF * ROWS, + ROWS), the key blocks from `start`, masked
+    outside [full_start, full_end). o_smem: the output's staging buffers (q_smem's for 16-bit inputs). PERSISTENT
+    (_consume_tiles without CARRY): the rings from position `ring`, Q's phase q_phase, Q released to q_empty after
+    the last q.k, the output's store left in flight."""
+    s_layout: gl.constexpr = _layout("s", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
+    o_layout: gl.constexpr = _layout("o", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
+    p_layout: gl.constexpr = _layout("p", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
+    q = q_smem.index(HALF)
+    rows = _group_rows(start_m, HALF, s_layout)
+    q_idx = gl.expand_dims(rows, 1)
+    k_idx = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+    mbarrier.wait(q_bar, q_phase)
+    p, m, l, qk = _first(q, k_smem, k_ready, k_empty, turn, ring, gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
+                         q_idx, k_idx, start, full_start, full_end, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
+                         slope, seed, s_layout, HALF, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2,
+                         PINGPONG)
+    p, m, l, acc, qk = _blocks(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ring, n_blocks, p, m, l,
+                               gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout), qk, q_idx, k_idx, start, full_start,
+                               full_end, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, s_layout,
+                               o_layout, p_layout, HALF, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2,
+                               PINGPONG)
+    if PERSISTENT:  # every q.k of the tile is done: Q's buffer to the next tile
+        mbarrier.arrive(q_empty)
+    _close(p, acc, m, l, v_smem, v_ready, v_empty, turn, ring + n_blocks - 1, o_smem.index(HALF), o_desc, Lse,
+           q_row + HALF * ROWS, q_col, lse_row, rows, seq_q, keep_scale, v_descale, o_layout, p_layout, HALF,
+           DROP_THRESHOLD, P8_LOG2, PINGPONG, PERSISTENT)
 
 
 @gluon.jit
@@ -324,38 +382,119 @@ def _consume_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q
                    k_empty, v_empty, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale,
                    HALF: gl.constexpr, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr,
+                   SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, CARRY: gl.constexpr):
+    """A persistent program's consumer group: its tiles one after another, the rings' position carried across them.
+    CARRY (_carried_tiles): two tiles' Q buffers, the next tile's first q.k issued before a tile's last P.V and its
+    softmax run before the tile's output is written, so the tensor cores do not wait for a group's change of tile."""
+    rounds = persistent_rounds(n_m * n_rows)
+    if not CARRY:  # each tile as a tiled grid's program would run it
+        ring = 0
+        for r in range(rounds):
+            start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
+                r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI,
+                DROP_THRESHOLD)
+            _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar.index(0), None, k_ready, v_ready, k_empty,
+                     v_empty, b * seq_q + start_m, h * HEAD_DIM, bh.to(gl.int64) * seq_q, start_m, start, full_start,
+                     full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, keep_scale, 1.0,
+                     HALF, HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, 0, False, ring,
+                     r & 1, q_empty.index(0), True)
+            ring += n_blocks
+    else:
+        _carried_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, k_ready, v_ready,
+                       k_empty, v_empty, n_m, n_rows, rounds, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
+                       keep_scale, HALF, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI,
+                       DROP_THRESHOLD)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _carried_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, k_ready, v_ready,
+                   k_empty, v_empty, n_m, n_rows, rounds, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale,
+                   HALF: gl.constexpr, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr,
                    SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr):
-    """A persistent program's consumer group: _consume over its tiles, the rings' position carried across them."""
+    """_consume_tiles with CARRY: tile r's Q in q_smem[2 (r % 2) + HALF] (q_bar[r % 2], released to q_empty[r % 2]),
+    the next tile's block 0 run at the end of the tile before."""
+    s_layout: gl.constexpr = _layout("s", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
+    o_layout: gl.constexpr = _layout("o", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
+    p_layout: gl.constexpr = _layout("p", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
+    k_idx = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+    start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
+        0, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI, DROP_THRESHOLD)
+    mbarrier.wait(q_bar.index(0), 0)
+    p, m, l, qk = _first(q_smem.index(HALF), k_smem, k_ready, k_empty, None, 0,
+                         gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
+                         gl.expand_dims(_group_rows(start_m, HALF, s_layout), 1), k_idx, start, full_start, full_end,
+                         seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, s_layout, HALF, BANDED,
+                         MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, 0, False)
     ring = 0
-    for r in range(persistent_rounds(n_m * n_rows)):
+    for r in range(rounds):
         start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
             r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI,
             DROP_THRESHOLD)
-        _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, None, k_ready, v_ready, k_empty, v_empty,
-                 b * seq_q + start_m, h * HEAD_DIM, bh.to(gl.int64) * seq_q, start_m, start, full_start, full_end,
-                 n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, keep_scale, 1.0, HALF,
-                 HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, 0, False, ring, r & 1,
-                 q_empty, True)
+        rows = _group_rows(start_m, HALF, s_layout)
+        p, m, l, acc, qk = _blocks(q_smem.index(2 * (r % 2) + HALF), k_smem, v_smem, k_ready, v_ready, k_empty,
+                                   v_empty, None, ring, n_blocks, p, m, l,
+                                   gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout), qk, gl.expand_dims(rows, 1),
+                                   k_idx, start, full_start, full_end, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
+                                   slope, seed, s_layout, o_layout, p_layout, HALF, BANDED, MAY_MASK, SOFTCAP, ALIBI,
+                                   DROP_THRESHOLD, 0, False)
+        mbarrier.arrive(q_empty.index(r % 2))  # every q.k of the tile is done
+        last = ring + n_blocks - 1
         ring += n_blocks
-    tma.store_wait(0)
+        q_row = b * seq_q + start_m + HALF * ROWS
+        q_col = h * HEAD_DIM
+        lse_row = bh.to(gl.int64) * seq_q
+        if r + 1 < rounds:
+            # the next tile's block 0, its q.k issued before this tile's last P.V so that they run back to back
+            start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
+                r + 1, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI,
+                DROP_THRESHOLD)
+            mbarrier.wait(q_bar.index((r + 1) % 2), ((r + 1) // 2) & 1)
+            mbarrier.wait(k_ready.index(ring % STAGES), (ring // STAGES) & 1)
+            qk = warpgroup_mma(q_smem.index(2 * ((r + 1) % 2) + HALF), k_smem.index(ring % STAGES).permute((1, 0)),
+                               qk, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+            acc = _pv(p, v_smem.index(last % STAGES), acc, p_layout, False)
+            qk = warpgroup_mma_wait(1, deps=(qk,))
+            mbarrier.arrive(k_empty.index(ring % STAGES))
+            p, m_next, l_next, _ = _online(
+                qk, gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout)),
+                gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout)),
+                gl.expand_dims(_group_rows(start_m, HALF, s_layout), 1), k_idx + start,
+                (start < full_start) | (start >= full_end), seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
+                seed, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, 0)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(v_empty.index(last % STAGES))
+            _finish(acc, m, l, o_smem.index(HALF), o_desc, Lse, q_row, q_col, lse_row, rows, seq_q, keep_scale, 1.0,
+                    o_layout, DROP_THRESHOLD, 0, True)
+            m = m_next
+            l = l_next
+        else:
+            _close(p, acc, m, l, v_smem, v_ready, v_empty, None, last, o_smem.index(HALF), o_desc, Lse, q_row,
+                   q_col, lse_row, rows, seq_q, keep_scale, 1.0, o_layout, p_layout, HALF, DROP_THRESHOLD, 0,
+                   False, True)
 
 
 @gluon.jit
 def _loads_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, Slopes, Seeds, q_bar, q_empty, k_ready, v_ready,
                  k_empty, v_empty, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, H: gl.constexpr, KV_H: gl.constexpr,
                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr,
-                 ALIBI: gl.constexpr):
-    """A persistent program's load warp: each tile's Q once both groups released the last one, then its keys."""
+                 ALIBI: gl.constexpr, CARRY: gl.constexpr):
+    """A persistent program's load warp: each tile's Q once its buffer is released (_consume_tiles' QBUF), then its
+    keys."""
+    QBUF: gl.constexpr = 1 + CARRY
     ring = 0
     for r in range(persistent_rounds(n_m * n_rows)):
         # (the load warp needs neither the ALiBi slope nor the dropout seed)
         start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
             r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, False, 0)
         q_row = b * seq_q + start_m
-        mbarrier.wait(q_empty, (r & 1) ^ 1)
-        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-        tma_load(q_desc, [q_row, h * HEAD_DIM], q_bar, q_smem.index(0))
-        tma_load(q_desc, [q_row + ROWS, h * HEAD_DIM], q_bar, q_smem.index(1))
+        s = r % QBUF
+        mbarrier.wait(q_empty.index(s), ((r // QBUF) & 1) ^ 1)  # (a fresh barrier passes parity 1: load_keys)
+        mbarrier.expect(q_bar.index(s), 2 * q_desc.block_type.nbytes)
+        tma_load(q_desc, [q_row, h * HEAD_DIM], q_bar.index(s), q_smem.index(2 * s))
+        tma_load(q_desc, [q_row + ROWS, h * HEAD_DIM], q_bar.index(s), q_smem.index(2 * s + 1))
         load_keys(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b * seq_k, kv_h * HEAD_DIM,
                   start, n_blocks, BLOCK_N, STAGES, 0, False, ring)
         ring += n_blocks
@@ -367,15 +506,18 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr,
                   ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, KEYS_EVEN: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr, P8_LOG2: gl.constexpr = 0, PINGPONG: gl.constexpr = False,
-                  GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS, N_ROWS: gl.constexpr = 0):
+                  GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS, N_ROWS: gl.constexpr = 0,
+                  CARRY: gl.constexpr = 0):
     """fwd.attn_fwd's arguments of the same names (fp8: V is fwd.keys_last's); grid (cdiv(seq_q, 128), batch * H).
     KEYS_EVEN: seq_k is a multiple of BLOCK_N (else the last key block is masked). CONSUMER_REGS: registers per thread
     of the second consumer group (a worker partition; the first is the default partition, which gets what the workers
     leave). N_ROWS > 0: persistent, grid (programs,), over the tiles of N_ROWS = batch * H rows (16-bit inputs, no
-    PINGPONG, query and key lengths multiples of 2 * ROWS and BLOCK_N: one descriptor per tensor serves every tile)."""
+    PINGPONG, query and key lengths multiples of 2 * ROWS and BLOCK_N: one descriptor per tensor serves every tile),
+    CARRY (0 / 1) as _consume_tiles'."""
     if N_ROWS > 0:
         _persistent(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse, H,
-                    KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD, CONSUMER_REGS, N_ROWS)
+                    KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD, CONSUMER_REGS, N_ROWS,
+                    CARRY)
     else:
         _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softcap, keep_scale, seq_q, seq_k,
                lo_off, hi_off, Out, Lse, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD,
@@ -386,22 +528,26 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale
 def _persistent(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse,
                 H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                DROP_THRESHOLD: gl.constexpr, CONSUMER_REGS: gl.constexpr, N_ROWS: gl.constexpr):
-    """attn_fwd_sm90's persistent program: the Q buffer released per tile (q_empty), the output through buffers of
+                DROP_THRESHOLD: gl.constexpr, CONSUMER_REGS: gl.constexpr, N_ROWS: gl.constexpr,
+                CARRY: gl.constexpr):
+    """attn_fwd_sm90's persistent program: Q's buffers released per tile (q_empty), the output through buffers of
     its own, so a tile's Q and first keys load while the last tile finishes."""
+    QBUF: gl.constexpr = 1 + CARRY  # tiles' Q buffers (_consume_tiles)
     last = N_ROWS // H - 1  # descriptors over the whole batch
     q_desc = tiles(Q, last, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
     o_desc = tiles(Out, last, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
     k_desc = tiles(K, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
     v_desc = tiles(V, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
-    q_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [2, ROWS, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [2 * QBUF, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(K.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     o_smem = gl.allocate_shared_memory(Out.dtype.element_ty, [2, ROWS, HEAD_DIM], o_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_empty, count=2)
+    # two of each even where one is used ([1, 1] breaks Triton 3.6's lowering of the mbarrier ops: an assertion)
+    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(2):
+        mbarrier.init(q_bar.index(s), count=1)
+        mbarrier.init(q_empty.index(s), count=2)
     k_ready, v_ready, k_empty, v_empty = kv_rings(STAGES)
     fence_async_shared()
     n_m = gl.cdiv(seq_q, 2 * ROWS)
@@ -409,17 +555,18 @@ def _persistent(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, se
         (_consume_tiles, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, k_ready,
                           v_ready, k_empty, v_empty, n_m, N_ROWS, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
                           keep_scale, 0, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, BANDED, SOFTCAP, ALIBI,
-                          DROP_THRESHOLD)),
+                          DROP_THRESHOLD, CARRY)),
         (_consume_tiles, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, k_ready,
                           v_ready, k_empty, v_empty, n_m, N_ROWS, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
                           keep_scale, 1, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, BANDED, SOFTCAP, ALIBI,
-                          DROP_THRESHOLD)),
+                          DROP_THRESHOLD, CARRY)),
         (_loads_tiles, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, Slopes, Seeds, q_bar, q_empty, k_ready, v_ready,
                         k_empty, v_empty, n_m, N_ROWS, seq_q, seq_k, lo_off, hi_off, H, KV_H, HEAD_DIM, BLOCK_N, STAGES,
-                        BANDED, ALIBI)),
+                        BANDED, ALIBI, CARRY)),
     ], [4, 1], [CONSUMER_REGS, 24])
-    mbarrier.invalidate(q_bar)
-    mbarrier.invalidate(q_empty)
+    for s in gl.static_range(2):
+        mbarrier.invalidate(q_bar.index(s))
+        mbarrier.invalidate(q_empty.index(s))
     invalidate_kv_rings(k_ready, v_ready, k_empty, v_empty, STAGES)
 
 

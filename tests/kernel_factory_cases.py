@@ -129,6 +129,16 @@ def case_cuda_gluon_forward():
     dtypes, scalars = _signature(persistent)
     kernel, _ = call(persistent.kernel, cuda, "cuda", dtypes, scalars, persistent.constexprs, num_warps=4)
     assert kernel.args[1] == 12 and kernel.args[7] > 0, kernel.args[:3] + kernel.args[7:]
+    # D 64's persistent row carries a tile's block 0 into the tile before (fwd_sm90._carried_tiles)
+    launches.clear()
+    q64 = jnp.zeros((1, 4096, 32, 64), jnp.bfloat16)
+    _launch.forward(record, "sm90", q64, q64, q64,
+                    statics=_launch.Statics(64 ** -0.5, Band.of(True, (-1, -1), 4096, 4096)))
+    (carried,) = launches
+    assert carried.constexprs["N_ROWS"] == 32 and carried.constexprs["CARRY"] == 1, carried.constexprs
+    dtypes, scalars = _signature(carried)
+    kernel, _ = call(carried.kernel, cuda, "cuda", dtypes, scalars, carried.constexprs, num_warps=4)
+    assert kernel.args[1] == 12 and kernel.args[3] > 2 * 2 * 64 * 64 * 2, kernel.args[:4]  # two tiles' Q
     # and with dropout, where a row lets it take the kernel
     from jax_flash_amd.kernels import configs
     from jax_flash_amd.operands import Operands

@@ -88,13 +88,14 @@ PERSISTENT_CASES = {
 }
 
 
+@pytest.mark.parametrize("carry", [0, 1])
 @pytest.mark.parametrize("name", list(PERSISTENT_CASES))
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-def test_gluon_persistent_forward(name, monkeypatch):
-    """The Gluon forward's persistent grid (the rows with PERSISTENT, from any length, dropout on, any balance) on 3
-    programs, against float64."""
-    monkeypatch.setattr(configs, "SM90_GLUON_FWD", [dict(row, min_seq=0, dropout=True) for row in
+def test_gluon_persistent_forward(name, carry, monkeypatch):
+    """The Gluon forward's persistent grid (the rows with PERSISTENT, from any length, dropout on, any balance, with
+    and without CARRY) on 3 programs, against float64."""
+    monkeypatch.setattr(configs, "SM90_GLUON_FWD", [dict(row, min_seq=0, dropout=True, CARRY=carry) for row in
                                                     configs.SM90_GLUON_FWD if row.get("PERSISTENT")])
     monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
     monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))
@@ -303,7 +304,8 @@ def test_every_gluon_row_is_within_the_kernels_limits():
     assert dims == {64, 128}, dims
     for row, fp8 in [(r, False) for r in configs.SM90_GLUON_FWD] + [(r, True) for r in
                                                                        configs.SM90_GLUON_FWD_FP8_CANDIDATES]:
-        tiles = (2 * 64 + 2 * row["STAGES"] * row["BLOCK_N"]) * row["head_dim"] * (1 if fp8 else 2)  # Q, K, V
+        q_tiles = 2 if row.get("CARRY") else 1  # fwd_sm90._carried_tiles: two tiles' Q
+        tiles = (q_tiles * 2 * 64 + 2 * row["STAGES"] * row["BLOCK_N"]) * row["head_dim"] * (1 if fp8 else 2)  # Q K V
         tiles += 2 * 64 * row["head_dim"] * 2 if fp8 or row.get("PERSISTENT") else 0  # the output's own buffers
         assert tiles <= 227 * 1024, row
         assert row["BLOCK_N"] in (64, 128) and row["num_warps"] == 4 and 24 < row["CONSUMER_REGS"] <= 256, row
