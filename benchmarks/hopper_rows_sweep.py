@@ -103,6 +103,10 @@ PINGPONG = {"fwd": [_gluon(), _gluon(PINGPONG=True), _gluon(PINGPONG=True, STAGE
 # its tiled grid and the Triton rows (the default below the rows' min_seq)
 GLUON_PERSISTENT = {"fwd": [_gluon(), _gluon(PERSISTENT=1)]}
 GLUON_CARRY = {"fwd": [_gluon(PERSISTENT=1, CARRY=0), _gluon(PERSISTENT=1, CARRY=1)]}
+# narrow windows through the persistent Gluon forward (NARROW_WINDOW 0 lets them take it), CARRY 0 / 1, against the
+# "+window" Triton rows they take by default: short key loops are where a carried change of tile should pay most
+GLUON_WINDOW_CARRY = {"fwd": [dict(_limits=dict(NARROW_WINDOW=0, SM90_GLUON_FWD=[
+    dict(r, min_seq=0, PERSISTENT=1, CARRY=c) for r in configs.SM90_GLUON_FWD])) for c in (0, 1)]}
 
 # dropout through the Gluon kernels (their rows' `dropout` on) against the Triton rows it takes by default
 GLUON_DROPOUT = {"fwd": [_gluon(dropout=True)], "dkdv": [_gluon_dkdv(dropout=True)], "_dropout": 0.1}
@@ -317,6 +321,8 @@ SETS = {
     # the persistent Gluon forward with and without CARRY (fwd_sm90._carried_tiles), same process
     "gluoncarry": [((16384 // n, n, h, d), causal, (-1, -1), GLUON_CARRY) for d, h in ((128, 16), (64, 32))
                    for n in (4096, 1024, 16384) for causal in (False, True) if (d, n) != (64, 16384)],
+    "gluonwindowcarry": [((1, 16384, 16, 128), w[1] == 0, w, GLUON_WINDOW_CARRY) for w in ((1024, 0), (256, 256))]
+                        + [((4, 4096, 32, 64), True, (1024, 0), GLUON_WINDOW_CARRY)],
     "gluon8k": [((2, 8192, h, d), causal, (-1, -1), dict(fwd=GLUON["fwd"][:2])) for d, h in ((128, 16), (64, 32))
                 for causal in (False, True)],
     "gluonwindow": [((1, 16384, 16, 128), w[1] == 0, w, dict(fwd=GLUON["fwd"][:2])) for w in ((1024, 0), (256, 256))],
