@@ -543,7 +543,7 @@ def _persistent(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, se
     k_smem = gl.allocate_shared_memory(K.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     o_smem = gl.allocate_shared_memory(Out.dtype.element_ty, [2, ROWS, HEAD_DIM], o_desc.layout)
-    # two of each even where one is used ([1, 1] breaks Triton 3.6's lowering of the mbarrier ops: an assertion)
+    # two of each, as CARRY uses them (without it the second pair is unused: 16 bytes)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(2):
