@@ -105,8 +105,8 @@ GLUON_PERSISTENT = {"fwd": [_gluon(), _gluon(PERSISTENT=1)]}
 GLUON_CARRY = {"fwd": [_gluon(PERSISTENT=1, CARRY=0), _gluon(PERSISTENT=1, CARRY=1)]}
 # narrow windows through the persistent Gluon forward (NARROW_WINDOW 0 lets them take it), CARRY 0 / 1, against the
 # "+window" Triton rows they take by default: short key loops are where a carried change of tile should pay most
-GLUON_WINDOW_CARRY = {"fwd": [dict(_limits=dict(NARROW_WINDOW=0, SM90_GLUON_FWD=[
-    dict(r, min_seq=0, PERSISTENT=1, CARRY=c) for r in configs.SM90_GLUON_FWD])) for c in (0, 1)]}
+GLUON_WINDOW_CARRY = {"fwd": [dict(_limits=dict(NARROW_WINDOW=0, **_gluon(PERSISTENT=1, CARRY=c)["_limits"]))
+                              for c in (0, 1)]}
 
 # dropout through the Gluon kernels (their rows' `dropout` on) against the Triton rows it takes by default
 GLUON_DROPOUT = {"fwd": [_gluon(dropout=True)], "dkdv": [_gluon_dkdv(dropout=True)], "_dropout": 0.1}
