@@ -107,6 +107,14 @@ GLUON_CARRY = {"fwd": [_gluon(PERSISTENT=1, CARRY=0), _gluon(PERSISTENT=1, CARRY
 # "+window" Triton rows they take by default: short key loops are where a carried change of tile should pay most
 GLUON_WINDOW_CARRY = {"fwd": [dict(_limits=dict(NARROW_WINDOW=0, **_gluon(PERSISTENT=1, CARRY=c)["_limits"]))
                               for c in (0, 1)]}
+# fp8 through the persistent Gluon forward (no PINGPONG; CARRY 0 / 1) against the default fp8 rows
+GLUON_FP8_PERSISTENT = {"fwd": [dict(_limits=dict(SM90_GLUON_FWD_FP8=[
+    dict(r, min_seq=0, PINGPONG=False, PERSISTENT=1, CARRY=c) for r in configs.SM90_GLUON_FWD_FP8_CANDIDATES]))
+    for c in (0, 1)], "_fp8": True}
+# and with PINGPONG (without CARRY; calls without a band take the turns): D 128's candidate
+GLUON_FP8_PERSISTENT_PINGPONG = {"fwd": [dict(_limits=dict(SM90_GLUON_FWD_FP8=[
+    dict(configs.SM90_GLUON_FWD_FP8_CANDIDATES[0], min_seq=0, PINGPONG=pp, PERSISTENT=1, CARRY=0)])) for pp in (0, 1)],
+    "_fp8": True}
 
 # dropout through the Gluon kernels (their rows' `dropout` on) against the Triton rows it takes by default
 GLUON_DROPOUT = {"fwd": [_gluon(dropout=True)], "dkdv": [_gluon_dkdv(dropout=True)], "_dropout": 0.1}
@@ -323,6 +331,10 @@ SETS = {
                    for n in (4096, 1024, 16384) for causal in (False, True) if (d, n) != (64, 16384)],
     "gluonwindowcarry": [((1, 16384, 16, 128), w[1] == 0, w, GLUON_WINDOW_CARRY) for w in ((1024, 0), (256, 256))]
                         + [((4, 4096, 32, 64), True, (1024, 0), GLUON_WINDOW_CARRY)],
+    "gluonfp8persistent": [((16384 // n, n, h, d), causal, (-1, -1), GLUON_FP8_PERSISTENT)
+                           for d, h in ((128, 16), (64, 32)) for n in (4096, 1024, 16384) for causal in (False, True)],
+    "gluonfp8pingpong": [((16384 // n, n, 16, 128), False, (-1, -1), GLUON_FP8_PERSISTENT_PINGPONG)
+                         for n in (4096, 1024, 16384, 8192)],
     "gluon8k": [((2, 8192, h, d), causal, (-1, -1), dict(fwd=GLUON["fwd"][:2])) for d, h in ((128, 16), (64, 32))
                 for causal in (False, True)],
     "gluonwindow": [((1, 16384, 16, 128), w[1] == 0, w, dict(fwd=GLUON["fwd"][:2])) for w in ((1024, 0), (256, 256))],

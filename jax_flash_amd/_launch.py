@@ -412,9 +412,9 @@ def _gluon_row(table: list[dict], q, k, statics: Statics) -> dict | None:
 
 def gluon_programs(row: dict, q, k, statics: Statics) -> int:
     """Programs of the Gluon forward's persistent grid for a row with PERSISTENT (programs per SM), or 0 (a tiled
-    grid): 16-bit inputs without ping-pong, whole query and key blocks (one descriptor per tensor serves every tile),
-    and persistent_programs' balance rule."""
-    if not row.get("PERSISTENT") or fp8.is_fp8(q.dtype) or row.get("PINGPONG"):
+    grid): whole query and key blocks (one descriptor per tensor serves every tile) and persistent_programs' balance
+    rule."""
+    if not row.get("PERSISTENT"):
         return 0
     blocks = dict(BLOCK_M=2 * 64, BLOCK_N=row["BLOCK_N"], PERSISTENT=row["PERSISTENT"])  # fwd_sm90.ROWS per group
     return persistent_programs(blocks, "sm90", q.shape[0] * q.shape[2], q.shape[1], k.shape[1], statics.band)

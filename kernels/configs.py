@@ -224,14 +224,22 @@ SM90_GLUON_FWD = [
 # h200_pingpong_sweep.json, h200_fence_sweep.json, h200_tree_sweep.json): 1 x 16384 2.87-2.95 / 2.65-2.71, causal
 # (no ping-pong) 1.49-1.53 / 1.35-1.38; 2 x 8192 1.481 / 1.361, causal 0.773 / 0.747; 4 x 4096 0.76-0.80 / 0.75-0.76,
 # causal 0.43-0.45 / 0.46-0.47; 16 x 1024 0.24 / 0.31. D 64 4 x 4096 x 32 1.15-1.17 / 1.39, causal 0.65 / 0.84: the
-# Triton rows. 3 stages (8-bit tiles take half the shared memory) within 3 %.
+# Triton rows. 3 stages (8-bit tiles take half the shared memory) within 3 %. PERSISTENT (the first row, where the
+# call runs persistent: gluon_programs; each tile's descales), H200, forward ms, default (Triton fp8 rows below 8192,
+# the tiled row above) / persistent / with CARRY (h200_gluon_fp8_persistent_sweep.json): 4 x 4096 0.779 / 0.684 /
+# 0.724, causal 0.447 / 0.393 / 0.403; 16 x 1024 0.245 / 0.214 / 0.222, causal 0.189 / 0.157 / 0.164; 1 x 16384
+# 2.696 / 2.584 / 2.686 (causal: not persistent, too many query blocks). D 64: 1-4 % slower than the Triton rows.
+# PINGPONG on the persistent grid (h200_gluon_fp8_pingpong_sweep.json, ms, without / with): 4 x 4096 0.693 / 0.698,
+# 16 x 1024 0.213 / 0.217, 2 x 8192 1.317 / 1.355, 1 x 16384 2.592 / 2.693: off (it pays on the tiled grid only).
 SM90_GLUON_FWD_FP8 = [
+    dict(head_dim=128, min_seq=0, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=False, PINGPONG=False,
+         PERSISTENT=1, num_warps=4),
     dict(head_dim=128, min_seq=8192, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=False, PINGPONG=True,
          num_warps=4),
 ]
-# what tests/test_gluon_fwd.py's fp8 cases force (from any length): the shipped row, and D 64 without PINGPONG
+# what tests/test_gluon_fwd.py's fp8 cases force (from any length): the tiled row, and D 64 without PINGPONG
 SM90_GLUON_FWD_FP8_CANDIDATES = [
-    dict(SM90_GLUON_FWD_FP8[0], min_seq=0),
+    dict(SM90_GLUON_FWD_FP8[1], min_seq=0),
     dict(head_dim=64, min_seq=0, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=False, num_warps=4),
 ]
 # The Gluon dK/dV (kernels/bwd_sm90.py: lse and delta through TMA, each warp group's softmax beside its other

@@ -24,9 +24,10 @@ per SM, each running its tiles in masking.persistent_tile's order with one descr
 blocks only), the K / V rings' position carried from tile to tile; the groups release Q's buffer after a tile's last
 q.k (q_empty), and the output has buffers of its own, so the load warp brings the next tile's Q and keys while the
 groups finish a tile (the tiled grid pays that fill per program: H200, 16 x 1024 x 16 x 128 0.325 -> 0.256 ms).
-16-bit inputs without PINGPONG. CARRY (_carried_tiles): two tiles' Q buffers, and a group issues the next tile's first
-q.k before its tile's last P.V, so its change of tile leaves no gap on the tensor cores (H200, D 64 4 x 4096 x 32
-1.333 -> 1.305 ms, causal 0.707 -> 0.673)."""
+fp8 with each tile's descales (configs.SM90_GLUON_FWD_FP8). CARRY (_carried_tiles): two tiles' Q buffers, and a
+group issues the next tile's first q.k before its tile's last P.V, so its change of tile leaves no gap on the tensor
+cores (H200, D 64 4 x 4096 x 32 1.333 -> 1.305 ms, causal 0.707 -> 0.673). PINGPONG without CARRY: the groups' turns
+run on across tiles."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -223,14 +224,16 @@ def _layout(of, bits, head_dim, block_n):
 def _first(q, k_smem, k_ready, k_empty, turn, ring, qk, q_idx, k_idx, start, full_start, full_end, seq_q, seq_k,
            lo_off, hi_off, sm_scale, softcap, slope, seed, s_layout: gl.constexpr, HALF: gl.constexpr,
            BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-           DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr):
+           DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr, lap=0):
     """A tile's block 0 (its keys from `start`, the rings' block `ring`): q.k alone (into qk's registers, not added
-    to), then its softmax from m = -inf, l = 0: (p, m, l, qk)."""
+    to), then its softmax from m = -inf, l = 0: (p, m, l, qk). PINGPONG's turns: ring + lap + j at a tile's block j
+    (each tile takes n_blocks + 1; a persistent program's tile r starts at its ring position + r: lap = r, or r & 1,
+    as only the parity counts)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     m = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
     mbarrier.wait(k_ready.index(ring % STAGES), (ring // STAGES) & 1)
-    _my_turn(turn, 0, HALF, PINGPONG)
+    _my_turn(turn, ring + lap, HALF, PINGPONG)
     qk = warpgroup_mma(q, k_smem.index(ring % STAGES).permute((1, 0)), qk, use_acc=False, is_async=True)
     _their_turn(turn, HALF, PINGPONG)
     qk = warpgroup_mma_wait(0, deps=(qk,))
@@ -246,7 +249,7 @@ def _blocks(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ring, n
             start, full_start, full_end, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed,
             s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr, HALF: gl.constexpr,
             BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-            DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr):
+            DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr, lap=0):
     """A tile's blocks 1 .. n_blocks - 1 after _first: each block's q.k, then the block before's P.V; wait(1) returns
     once q.k is done (ptxas waits for P.V before the softmax: the module's docstring). (p, m, l, acc, qk): the last
     block's P.V not yet added."""
@@ -257,7 +260,7 @@ def _blocks(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ring, n
         prev = (ring + i - 1) % STAGES
         start_n = start + i * BLOCK_N
         mbarrier.wait(k_ready.index(cur), ((ring + i) // STAGES) & 1)
-        _my_turn(turn, i, HALF, PINGPONG)
+        _my_turn(turn, ring + lap + i, HALF, PINGPONG)
         qk = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), qk, use_acc=False, is_async=True)
         mbarrier.wait(v_ready.index(prev), ((ring + i - 1) // STAGES) & 1)
         acc = _pv(p, v_smem.index(prev), acc, p_layout, P8_LOG2 > 0)
@@ -299,11 +302,12 @@ def _finish(acc, m, l, o, o_desc, Lse, q_row, q_col, lse_row, rows, seq_q, keep_
 @gluon.jit
 def _close(p, acc, m, l, v_smem, v_ready, v_empty, turn, j, o, o_desc, Lse, q_row, q_col, lse_row, rows, seq_q,
            keep_scale, v_descale, o_layout: gl.constexpr, p_layout: gl.constexpr, HALF: gl.constexpr,
-           DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+           DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
+           lap=0):
     """A tile's last P.V (its block at the rings' position j), then _finish."""
     STAGES: gl.constexpr = v_smem.shape[0]
     mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
-    _my_turn(turn, j + 1, HALF, PINGPONG)
+    _my_turn(turn, j + 1 + lap, HALF, PINGPONG)
     acc = _pv(p, v_smem.index(j % STAGES), acc, p_layout, P8_LOG2 > 0)
     _their_turn(turn, HALF, PINGPONG)
     acc = warpgroup_mma_wait(0, deps=(acc,))
@@ -327,8 +331,9 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, 
              ring=0, q_phase=0, q_empty=None, PERSISTENT: gl.constexpr = False):
     """A consumer group's tile: queries [start_m + HALF * ROWS, + ROWS), the key blocks from `start`, masked
     outside [full_start, full_end). o_smem: the output's staging buffers (q_smem's for 16-bit inputs). PERSISTENT
-    (_consume_tiles without CARRY): the rings from position `ring`, Q's phase q_phase, Q released to q_empty after
-    the last q.k, the output's store left in flight."""
+    (_consume_tiles without CARRY): the rings from position `ring`, Q's phase q_phase (the tile's round r & 1, also
+    PINGPONG's lap: only its parity counts), Q released to q_empty after the last q.k, the output's store left in
+    flight."""
     s_layout: gl.constexpr = _layout("s", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
     o_layout: gl.constexpr = _layout("o", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
     p_layout: gl.constexpr = _layout("p", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
@@ -340,17 +345,28 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, 
     p, m, l, qk = _first(q, k_smem, k_ready, k_empty, turn, ring, gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
                          q_idx, k_idx, start, full_start, full_end, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
                          slope, seed, s_layout, HALF, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2,
-                         PINGPONG)
+                         PINGPONG, q_phase)
     p, m, l, acc, qk = _blocks(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ring, n_blocks, p, m, l,
                                gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout), qk, q_idx, k_idx, start, full_start,
                                full_end, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, s_layout,
                                o_layout, p_layout, HALF, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2,
-                               PINGPONG)
+                               PINGPONG, q_phase)
     if PERSISTENT:  # every q.k of the tile is done: Q's buffer to the next tile
         mbarrier.arrive(q_empty)
     _close(p, acc, m, l, v_smem, v_ready, v_empty, turn, ring + n_blocks - 1, o_smem.index(HALF), o_desc, Lse,
            q_row + HALF * ROWS, q_col, lse_row, rows, seq_q, keep_scale, v_descale, o_layout, p_layout, HALF,
-           DROP_THRESHOLD, P8_LOG2, PINGPONG, PERSISTENT)
+           DROP_THRESHOLD, P8_LOG2, PINGPONG, PERSISTENT, q_phase)
+
+
+@gluon.jit
+def _scales(QDescale, KDescale, VDescale, b, kv_h, sm_scale, KV_H: gl.constexpr, P8_LOG2: gl.constexpr):
+    """(sm_scale, v_descale) of a tile of batch element b, key / value head kv_h: fp8 folds the q and k descales
+    into sm_scale and scales the output by v's; else (sm_scale, 1.0)."""
+    v_descale = 1.0
+    if P8_LOG2 > 0:
+        sm_scale = sm_scale * gl.load(QDescale + b * KV_H + kv_h) * gl.load(KDescale + b * KV_H + kv_h)
+        v_descale = gl.load(VDescale + b * KV_H + kv_h)
+    return sm_scale, v_descale
 
 
 @gluon.jit
@@ -378,14 +394,17 @@ def _tile_of(r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H: gl.
 
 
 @gluon.jit
-def _consume_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, k_ready, v_ready,
-                   k_empty, v_empty, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale,
-                   HALF: gl.constexpr, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
-                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr,
-                   SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, CARRY: gl.constexpr):
+def _consume_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, QDescale, KDescale, VDescale, q_bar,
+                   q_empty, turn, k_ready, v_ready, k_empty, v_empty, n_m, n_rows, seq_q, seq_k, lo_off, hi_off,
+                   sm_scale, softcap, keep_scale, HALF: gl.constexpr, H: gl.constexpr, KV_H: gl.constexpr,
+                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr,
+                   MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr,
+                   CARRY: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr):
     """A persistent program's consumer group: its tiles one after another, the rings' position carried across them.
     CARRY (_carried_tiles): two tiles' Q buffers, the next tile's first q.k issued before a tile's last P.V and its
-    softmax run before the tile's output is written, so the tensor cores do not wait for a group's change of tile."""
+    softmax run before the tile's output is written, so the tensor cores do not wait for a group's change of tile.
+    PINGPONG (without CARRY): the groups' turns run on from tile to tile (_first's lap)."""
+    gl.static_assert(not (CARRY and PINGPONG), "PINGPONG is for persistent programs without CARRY")
     rounds = persistent_rounds(n_m * n_rows)
     if not CARRY:  # each tile as a tiled grid's program would run it
         ring = 0
@@ -393,26 +412,28 @@ def _consume_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q
             start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
                 r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI,
                 DROP_THRESHOLD)
-            _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar.index(0), None, k_ready, v_ready, k_empty,
+            scale, v_descale = _scales(QDescale, KDescale, VDescale, b, kv_h, sm_scale, KV_H, P8_LOG2)
+            _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar.index(0), turn, k_ready, v_ready, k_empty,
                      v_empty, b * seq_q + start_m, h * HEAD_DIM, bh.to(gl.int64) * seq_q, start_m, start, full_start,
-                     full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, keep_scale, 1.0,
-                     HALF, HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, 0, False, ring,
-                     r & 1, q_empty.index(0), True)
+                     full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, scale, softcap, slope, seed, keep_scale,
+                     v_descale, HALF, HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD,
+                     P8_LOG2, PINGPONG, ring, r & 1, q_empty.index(0), True)
             ring += n_blocks
     else:
-        _carried_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, k_ready, v_ready,
-                       k_empty, v_empty, n_m, n_rows, rounds, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
-                       keep_scale, HALF, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI,
-                       DROP_THRESHOLD)
+        _carried_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, QDescale, KDescale, VDescale,
+                       q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, n_m, n_rows, rounds, seq_q, seq_k, lo_off,
+                       hi_off, sm_scale, softcap, keep_scale, HALF, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED,
+                       MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2)
     tma.store_wait(0)
 
 
 @gluon.jit
-def _carried_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, k_ready, v_ready,
-                   k_empty, v_empty, n_m, n_rows, rounds, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale,
-                   HALF: gl.constexpr, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
-                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr,
-                   SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr):
+def _carried_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, QDescale, KDescale, VDescale, q_bar,
+                   q_empty, k_ready, v_ready, k_empty, v_empty, n_m, n_rows, rounds, seq_q, seq_k, lo_off, hi_off,
+                   sm_scale, softcap, keep_scale, HALF: gl.constexpr, H: gl.constexpr, KV_H: gl.constexpr,
+                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr,
+                   MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr,
+                   P8_LOG2: gl.constexpr):
     """_consume_tiles with CARRY: tile r's Q in q_smem[2 (r % 2) + HALF] (q_bar[r % 2], released to q_empty[r % 2]),
     the next tile's block 0 run at the end of the tile before. Tile 0's block 0 comes first, so a program needs at
     least one round (_launch.persistent_programs: never more programs than tiles)."""
@@ -422,24 +443,26 @@ def _carried_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q
     k_idx = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
     start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
         0, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI, DROP_THRESHOLD)
+    scale, v_descale = _scales(QDescale, KDescale, VDescale, b, kv_h, sm_scale, KV_H, P8_LOG2)
     mbarrier.wait(q_bar.index(0), 0)
     p, m, l, qk = _first(q_smem.index(HALF), k_smem, k_ready, k_empty, None, 0,
                          gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
                          gl.expand_dims(_group_rows(start_m, HALF, s_layout), 1), k_idx, start, full_start, full_end,
-                         seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, s_layout, HALF, BANDED,
-                         MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, 0, False)
+                         seq_q, seq_k, lo_off, hi_off, scale, softcap, slope, seed, s_layout, HALF, BANDED,
+                         MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, False)
     ring = 0
     for r in range(rounds):
         start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
             r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI,
             DROP_THRESHOLD)
+        scale, v_descale = _scales(QDescale, KDescale, VDescale, b, kv_h, sm_scale, KV_H, P8_LOG2)
         rows = _group_rows(start_m, HALF, s_layout)
         p, m, l, acc, qk = _blocks(q_smem.index(2 * (r % 2) + HALF), k_smem, v_smem, k_ready, v_ready, k_empty,
                                    v_empty, None, ring, n_blocks, p, m, l,
                                    gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout), qk, gl.expand_dims(rows, 1),
-                                   k_idx, start, full_start, full_end, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
+                                   k_idx, start, full_start, full_end, seq_q, seq_k, lo_off, hi_off, scale, softcap,
                                    slope, seed, s_layout, o_layout, p_layout, HALF, BANDED, MAY_MASK, SOFTCAP, ALIBI,
-                                   DROP_THRESHOLD, 0, False)
+                                   DROP_THRESHOLD, P8_LOG2, False)
         mbarrier.arrive(q_empty.index(r % 2))  # every q.k of the tile is done
         last = ring + n_blocks - 1
         ring += n_blocks
@@ -456,34 +479,35 @@ def _carried_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q
             qk = warpgroup_mma(q_smem.index(2 * ((r + 1) % 2) + HALF), k_smem.index(ring % STAGES).permute((1, 0)),
                                qk, use_acc=False, is_async=True)
             mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-            acc = _pv(p, v_smem.index(last % STAGES), acc, p_layout, False)
+            acc = _pv(p, v_smem.index(last % STAGES), acc, p_layout, P8_LOG2 > 0)
             qk = warpgroup_mma_wait(1, deps=(qk,))
             mbarrier.arrive(k_empty.index(ring % STAGES))
+            scale_next, _ = _scales(QDescale, KDescale, VDescale, b, kv_h, sm_scale, KV_H, P8_LOG2)
             p, m_next, l_next, _ = _online(
                 qk, gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout)),
                 gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout)),
                 gl.expand_dims(_group_rows(start_m, HALF, s_layout), 1), k_idx + start,
-                (start < full_start) | (start >= full_end), seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
-                seed, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, 0)
+                (start < full_start) | (start >= full_end), seq_q, seq_k, lo_off, hi_off, scale_next, softcap, slope,
+                seed, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(v_empty.index(last % STAGES))
-            _finish(acc, m, l, o_smem.index(HALF), o_desc, Lse, q_row, q_col, lse_row, rows, seq_q, keep_scale, 1.0,
-                    o_layout, DROP_THRESHOLD, 0, True)
+            _finish(acc, m, l, o_smem.index(HALF), o_desc, Lse, q_row, q_col, lse_row, rows, seq_q, keep_scale,
+                    v_descale, o_layout, DROP_THRESHOLD, P8_LOG2, True)
             m = m_next
             l = l_next
         else:
             _close(p, acc, m, l, v_smem, v_ready, v_empty, None, last, o_smem.index(HALF), o_desc, Lse, q_row,
-                   q_col, lse_row, rows, seq_q, keep_scale, 1.0, o_layout, p_layout, HALF, DROP_THRESHOLD, 0,
-                   False, True)
+                   q_col, lse_row, rows, seq_q, keep_scale, v_descale, o_layout, p_layout, HALF, DROP_THRESHOLD,
+                   P8_LOG2, False, True)
 
 
 @gluon.jit
 def _loads_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, Slopes, Seeds, q_bar, q_empty, k_ready, v_ready,
                  k_empty, v_empty, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, H: gl.constexpr, KV_H: gl.constexpr,
                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr,
-                 ALIBI: gl.constexpr, CARRY: gl.constexpr):
+                 ALIBI: gl.constexpr, CARRY: gl.constexpr, V_T: gl.constexpr):
     """A persistent program's load warp: each tile's Q once its buffer is released (_consume_tiles' QBUF), then its
-    keys."""
+    keys (V_T: fp8's V^T, keys_last_tiles)."""
     QBUF: gl.constexpr = 1 + CARRY
     ring = 0
     for r in range(persistent_rounds(n_m * n_rows)):
@@ -497,7 +521,7 @@ def _loads_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, Slopes, Seeds, 
         tma_load(q_desc, [q_row, h * HEAD_DIM], q_bar.index(s), q_smem.index(2 * s))
         tma_load(q_desc, [q_row + ROWS, h * HEAD_DIM], q_bar.index(s), q_smem.index(2 * s + 1))
         load_keys(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b * seq_k, kv_h * HEAD_DIM,
-                  start, n_blocks, BLOCK_N, STAGES, 0, False, ring)
+                  start, n_blocks, BLOCK_N, STAGES, (b * KV_H + kv_h) * HEAD_DIM if V_T else 0, V_T, ring)
         ring += n_blocks
 
 
@@ -512,13 +536,13 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale
     """fwd.attn_fwd's arguments of the same names (fp8: V is fwd.keys_last's); grid (cdiv(seq_q, 128), batch * H).
     KEYS_EVEN: seq_k is a multiple of BLOCK_N (else the last key block is masked). CONSUMER_REGS: registers per thread
     of the second consumer group (a worker partition; the first is the default partition, which gets what the workers
-    leave). N_ROWS > 0: persistent, grid (programs,), over the tiles of N_ROWS = batch * H rows (16-bit inputs, no
-    PINGPONG, query and key lengths multiples of 2 * ROWS and BLOCK_N: one descriptor per tensor serves every tile),
-    CARRY (0 / 1) as _consume_tiles'."""
+    leave). N_ROWS > 0: persistent, grid (programs,), over the tiles of N_ROWS = batch * H rows (query and key
+    lengths multiples of 2 * ROWS and BLOCK_N: one descriptor per tensor serves every tile), CARRY (0 / 1) and
+    PINGPONG (not both) as _consume_tiles'."""
     if N_ROWS > 0:
-        _persistent(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse, H,
-                    KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD, CONSUMER_REGS, N_ROWS,
-                    CARRY)
+        _persistent(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softcap, keep_scale, seq_q, seq_k,
+                    lo_off, hi_off, Out, Lse, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, SOFTCAP, ALIBI,
+                    DROP_THRESHOLD, CONSUMER_REGS, N_ROWS, CARRY, P8_LOG2, PINGPONG)
     else:
         _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softcap, keep_scale, seq_q, seq_k,
                lo_off, hi_off, Out, Lse, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD,
@@ -526,22 +550,27 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale
 
 
 @gluon.jit
-def _persistent(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse,
-                H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                DROP_THRESHOLD: gl.constexpr, CONSUMER_REGS: gl.constexpr, N_ROWS: gl.constexpr,
-                CARRY: gl.constexpr):
+def _persistent(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softcap, keep_scale, seq_q, seq_k,
+                lo_off, hi_off, Out, Lse, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr,
+                ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, CONSUMER_REGS: gl.constexpr, N_ROWS: gl.constexpr,
+                CARRY: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr):
     """attn_fwd_sm90's persistent program: Q's buffers released per tile (q_empty), the output through buffers of
-    its own, so a tile's Q and first keys load while the last tile finishes."""
+    its own, so a tile's Q and first keys load while the last tile finishes; fp8 (P8_LOG2): V^T's tiles, each tile's
+    descales (_scales)."""
     QBUF: gl.constexpr = 1 + CARRY  # tiles' Q buffers (_consume_tiles)
     last = N_ROWS // H - 1  # descriptors over the whole batch
     q_desc = tiles(Q, last, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
     o_desc = tiles(Out, last, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
     k_desc = tiles(K, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
-    v_desc = tiles(V, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
     q_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [2 * QBUF, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(K.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    if P8_LOG2 > 0:
+        v_desc = keys_last_tiles(V, last, seq_k, KV_H, HEAD_DIM, BLOCK_N)
+        v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, HEAD_DIM, BLOCK_N], v_desc.layout)
+    else:
+        v_desc = tiles(V, last, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
+        v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     o_smem = gl.allocate_shared_memory(Out.dtype.element_ty, [2, ROWS, HEAD_DIM], o_desc.layout)
     # two of each, as CARRY uses them (without it the second pair is unused: 16 bytes)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -549,25 +578,32 @@ def _persistent(Q, K, V, Slopes, Seeds, sm_scale, softcap, keep_scale, seq_q, se
     for s in gl.static_range(2):
         mbarrier.init(q_bar.index(s), count=1)
         mbarrier.init(q_empty.index(s), count=2)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # PINGPONG's: _my_turn
+    if PINGPONG:
+        mbarrier.init(turn.index(0), count=1)
+        mbarrier.init(turn.index(1), count=1)
     k_ready, v_ready, k_empty, v_empty = kv_rings(STAGES)
     fence_async_shared()
     n_m = gl.cdiv(seq_q, 2 * ROWS)
     gl.warp_specialize([
-        (_consume_tiles, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, k_ready,
-                          v_ready, k_empty, v_empty, n_m, N_ROWS, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
-                          keep_scale, 0, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, BANDED, SOFTCAP, ALIBI,
-                          DROP_THRESHOLD, CARRY)),
-        (_consume_tiles, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, q_bar, q_empty, k_ready,
-                          v_ready, k_empty, v_empty, n_m, N_ROWS, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
-                          keep_scale, 1, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, BANDED, SOFTCAP, ALIBI,
-                          DROP_THRESHOLD, CARRY)),
+        (_consume_tiles, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, QDescale, KDescale, VDescale,
+                          q_bar, q_empty, turn, k_ready, v_ready, k_empty, v_empty, n_m, N_ROWS, seq_q, seq_k, lo_off,
+                          hi_off, sm_scale, softcap, keep_scale, 0, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED,
+                          BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD, CARRY, P8_LOG2, PINGPONG)),
+        (_consume_tiles, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, QDescale, KDescale, VDescale,
+                          q_bar, q_empty, turn, k_ready, v_ready, k_empty, v_empty, n_m, N_ROWS, seq_q, seq_k, lo_off,
+                          hi_off, sm_scale, softcap, keep_scale, 1, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED,
+                          BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD, CARRY, P8_LOG2, PINGPONG)),
         (_loads_tiles, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, Slopes, Seeds, q_bar, q_empty, k_ready, v_ready,
                         k_empty, v_empty, n_m, N_ROWS, seq_q, seq_k, lo_off, hi_off, H, KV_H, HEAD_DIM, BLOCK_N, STAGES,
-                        BANDED, ALIBI, CARRY)),
+                        BANDED, ALIBI, CARRY, P8_LOG2 > 0)),
     ], [4, 1], [CONSUMER_REGS, 24])
     for s in gl.static_range(2):
         mbarrier.invalidate(q_bar.index(s))
         mbarrier.invalidate(q_empty.index(s))
+    if PINGPONG:
+        mbarrier.invalidate(turn.index(0))
+        mbarrier.invalidate(turn.index(1))
     invalidate_kv_rings(k_ready, v_ready, k_empty, v_empty, STAGES)
 
 
@@ -592,12 +628,10 @@ def _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softc
     kv_h = h // (H // KV_H)
     q_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [2, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(K.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_descale = 1.0
-    if P8_LOG2 > 0:  # fp8: V^T's buffers, the descales, the bfloat16 output's own buffers
+    sm_scale, v_descale = _scales(QDescale, KDescale, VDescale, b, kv_h, sm_scale, KV_H, P8_LOG2)
+    if P8_LOG2 > 0:  # fp8: V^T's buffers, the bfloat16 output's own buffers
         v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, HEAD_DIM, BLOCK_N], v_desc.layout)
         o_smem = gl.allocate_shared_memory(Out.dtype.element_ty, [2, ROWS, HEAD_DIM], o_desc.layout)
-        sm_scale = sm_scale * gl.load(QDescale + b * KV_H + kv_h) * gl.load(KDescale + b * KV_H + kv_h)
-        v_descale = gl.load(VDescale + b * KV_H + kv_h)
     else:
         v_smem = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
         o_smem = q_smem

@@ -226,7 +226,9 @@ def test_which_calls_take_the_gluon_forward(case, head, monkeypatch):
     (dict(shape=(1, 8200, 16, 128)), False),  # ragged: one descriptor cannot serve every tile
     (dict(shape=(2, 4096, 32, 64)), True),
     (dict(shape=(1, 16384, 32, 64)), False),  # D 64 from 8192: the tiled row (persistent measured slower there)
-    (dict(shape=(1, 16384, 16, 128), dtype=jnp.float8_e4m3fn), False),  # fp8: its own rows, tiled
+    (dict(shape=(1, 16384, 16, 128), dtype=jnp.float8_e4m3fn), False),  # fp8 causal: the tiled row from 8192
+    (dict(shape=(1, 16384, 16, 128), dtype=jnp.float8_e4m3fn, causal=False), True),
+    (dict(shape=(4, 4096, 16, 128), dtype=jnp.float8_e4m3fn), True),
 ])
 def test_which_calls_run_the_gluon_forward_persistent(case, persistent, monkeypatch):
     assert bool(takes(monkeypatch, _launch.gluon_forward, key="PERSISTENT", **case)) == persistent
@@ -234,8 +236,10 @@ def test_which_calls_run_the_gluon_forward_persistent(case, persistent, monkeypa
 
 @pytest.mark.parametrize("case, head", [
     (dict(), 128),  # D 128 from 8192 queries and keys
-    (dict(shape=(2, 4096, 16, 128)), None),
-    (dict(shape=(1, 16384, 16, 128), seq_k=4096), None),
+    (dict(shape=(2, 4096, 16, 128)), 128),  # the persistent row: whole blocks
+    (dict(shape=(16, 1024, 16, 128), causal=False), 128),
+    (dict(shape=(2, 4000, 16, 128)), None),  # ragged and below the tiled row's min_seq: the Triton rows
+    (dict(shape=(1, 16384, 16, 128), seq_k=4096), None),  # not persistent (causal, 128 query blocks), short keys
     (dict(shape=(1, 16384, 32, 64)), None),  # D 64: the Triton rows
     (dict(candidates=True), 128),
     (dict(candidates=True, shape=(2, 300, 4, 64)), 64),
@@ -297,13 +301,58 @@ def test_gluon_fp8_forward(name, monkeypatch):
     np.testing.assert_allclose(np.asarray(lse)[fin], ref["lse"][fin], rtol=1e-4, atol=4e-3)
 
 
+@pytest.mark.parametrize("mode", ["plain", "carry", "pingpong"])
+@pytest.mark.parametrize("name", ["whole", "causal-gqa-whole", "d64-causal-whole", "two-sided-whole"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_gluon_fp8_persistent_forward(name, mode, monkeypatch):
+    """fp8 inputs through the persistent Gluon forward (the candidates with PERSISTENT, and CARRY or PINGPONG: calls
+    without a band take the turns) on 3 programs, so each runs many tiles of different (batch, head) descales, against
+    float64."""
+    from jax_flash_amd import fp8
+    from test_fp8 import _inputs, _rel_rms
+
+    case = {"whole": dict(sq=512, sk=512), "causal-gqa-whole": dict(sq=384, sk=384, h_kv=2, causal=True),
+            "d64-causal-whole": dict(sq=512, sk=512, d=64, causal=True),
+            "two-sided-whole": dict(sq=640, sk=512, window=(60, 40))}[name]
+    c = {**dict(d=128, h=4, h_kv=4, causal=False, window=(-1, -1)), **case}
+    monkeypatch.setattr(configs, "SM90_GLUON_FWD_FP8", [
+        dict(r, min_seq=0, PINGPONG=mode == "pingpong", PERSISTENT=1, CARRY=int(mode == "carry"))
+        for r in configs.SM90_GLUON_FWD_FP8_CANDIDATES])
+    monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
+    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))
+    monkeypatch.setattr(_launch, "compute_units", lambda target: 3)
+    grids, launch = [], _triton.run
+
+    def record(one):
+        grids.append((one.kernel.__name__, one.grid))
+        return launch(one)
+
+    monkeypatch.setattr(_triton, "run", record)
+    jax.clear_caches()  # the public call's traces would keep the last case's rows (same shapes, other CARRY)
+    qq, kq, vq, qd, kd, vd = _inputs(2, c["sq"], c["sk"], c["h"], c["h_kv"], c["d"], jnp.float8_e4m3fn, seed=11)
+    spread = 2.0 ** jnp.linspace(-1.0, 1.0, 2 * c["h_kv"], dtype=jnp.float32).reshape(2, c["h_kv"])
+    qd, kd, vd = qd * spread, kd * spread[::-1], vd * spread[:, ::-1]
+    out, lse = jax_flash_amd.attention(qq, kq, vq, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True,
+                                       causal=c["causal"], window_size=c["window"], implementation="triton")
+    assert ("attn_fwd_sm90", (3, 1)) in grids, grids
+    jax.clear_caches()  # nor leave them to the next test
+    group = c["h"] // c["h_kv"]
+    ref = oracle.attention(fp8.dequantize(qq, jnp.repeat(qd, group, axis=1)), fp8.dequantize(kq, kd),
+                           fp8.dequantize(vq, vd), np.zeros(qq.shape), causal=c["causal"], window=c["window"])
+    assert _rel_rms(out, ref["out"]) < 0.05
+    fin = np.isfinite(ref["lse"])
+    np.testing.assert_allclose(np.asarray(lse)[fin], ref["lse"][fin], rtol=1e-4, atol=4e-3)
+
+
 def test_every_gluon_row_is_within_the_kernels_limits():
     """Rows as data, checked: one per head dim the kernel takes, and within its shared memory and block rules (fp8:
-    8-bit tiles and the bfloat16 output's own buffers)."""
+    8-bit tiles and the bfloat16 output's own buffers; CARRY and PINGPONG not both: _consume_tiles)."""
     dims = {row["head_dim"] for row in configs.SM90_GLUON_FWD}
     assert dims == {64, 128}, dims
-    for row, fp8 in [(r, False) for r in configs.SM90_GLUON_FWD] + [(r, True) for r in
-                                                                       configs.SM90_GLUON_FWD_FP8_CANDIDATES]:
+    fp8_rows = configs.SM90_GLUON_FWD_FP8 + configs.SM90_GLUON_FWD_FP8_CANDIDATES
+    for row, fp8 in [(r, False) for r in configs.SM90_GLUON_FWD] + [(r, True) for r in fp8_rows]:
+        assert not (row.get("CARRY") and row.get("PINGPONG")), row
         q_tiles = 2 if row.get("CARRY") else 1  # fwd_sm90._carried_tiles: two tiles' Q
         tiles = (q_tiles * 2 * 64 + 2 * row["STAGES"] * row["BLOCK_N"]) * row["head_dim"] * (1 if fp8 else 2)  # Q K V
         tiles += 2 * 64 * row["head_dim"] * 2 if fp8 or row.get("PERSISTENT") else 0  # the output's own buffers
