@@ -194,7 +194,7 @@ _SM90_FWD64_TMA = dict(_SM90_FWD_TMA, max_block_d=64, min_block_d=64, max_banded
 # 4.81; D 64 causal 4 x 4096 x 32 1.277 / 1.292 (no gain: left to the Triton rows).
 # PERSISTENT (programs per SM): a persistent grid (attn_fwd_sm90 N_ROWS), whose Q buffer is released after a tile's
 # last q.k and whose output has buffers of its own, so the next tile's Q and keys load while a tile finishes; a row
-# with it is taken only where the call runs persistent (_launch.gluon_programs: 16-bit, whole blocks, balanced).
+# with it is taken only where the call runs persistent (_launch.gluon_programs: whole blocks, balanced).
 # H200, bf16, forward ms, cuDNN / the default before (Triton rows below min_seq) / tiled / persistent, same run
 # (hopper_rows_sweep.py gluonpersistent, h200_gluon_persistent_sweep.json; full, then causal):
 #   D 128: 16 x 1024 0.266 / 0.271 / 0.325 / 0.256, 0.182 / 0.181 / 0.249 / 0.171; 8 x 2048 0.498 / 0.510 / 0.529 /
@@ -228,7 +228,8 @@ SM90_GLUON_FWD = [
 # call runs persistent: gluon_programs; each tile's descales), H200, forward ms, default (Triton fp8 rows below 8192,
 # the tiled row above) / persistent / with CARRY (h200_gluon_fp8_persistent_sweep.json): 4 x 4096 0.779 / 0.684 /
 # 0.724, causal 0.447 / 0.393 / 0.403; 16 x 1024 0.245 / 0.214 / 0.222, causal 0.189 / 0.157 / 0.164; 1 x 16384
-# 2.696 / 2.584 / 2.686 (causal: not persistent, too many query blocks). D 64: 1-4 % slower than the Triton rows.
+# 2.696 / 2.584 / 2.686 (causal: not persistent, too many query blocks). D 64: 1-4 % slower than the Triton rows
+# but 16 x 1024 x 32 with CARRY (0.334 against 0.341 ms).
 # PINGPONG on the persistent grid (h200_gluon_fp8_pingpong_sweep.json, ms, without / with): 4 x 4096 0.693 / 0.698,
 # 16 x 1024 0.213 / 0.217, 2 x 8192 1.317 / 1.355, 1 x 16384 2.592 / 2.693: off (it pays on the tiled grid only).
 SM90_GLUON_FWD_FP8 = [

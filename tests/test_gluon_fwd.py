@@ -301,14 +301,16 @@ def test_gluon_fp8_forward(name, monkeypatch):
     np.testing.assert_allclose(np.asarray(lse)[fin], ref["lse"][fin], rtol=1e-4, atol=4e-3)
 
 
-@pytest.mark.parametrize("mode", ["plain", "carry", "pingpong"])
-@pytest.mark.parametrize("name", ["whole", "causal-gqa-whole", "d64-causal-whole", "two-sided-whole"])
+# PINGPONG for the call without a band only: _launch._forward_gluon turns it off for banded calls
+@pytest.mark.parametrize("name, mode", [(name, mode) for name in ("whole", "causal-gqa-whole", "d64-causal-whole",
+                                                                  "two-sided-whole") for mode in ("plain", "carry")]
+                         + [("whole", "pingpong")])
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_gluon_fp8_persistent_forward(name, mode, monkeypatch):
-    """fp8 inputs through the persistent Gluon forward (the candidates with PERSISTENT, and CARRY or PINGPONG: calls
-    without a band take the turns) on 3 programs, so each runs many tiles of different (batch, head) descales, against
-    float64."""
+    """fp8 inputs through the persistent Gluon forward (the candidates with PERSISTENT, and CARRY or PINGPONG) on 3
+    programs, so each runs many tiles of different (batch, head) descales, against float64. (Turns taken wrongly would
+    hang or race rather than change the numbers; the launch's constexprs show they were on.)"""
     from jax_flash_amd import fp8
     from test_fp8 import _inputs, _rel_rms
 
@@ -325,7 +327,7 @@ def test_gluon_fp8_persistent_forward(name, mode, monkeypatch):
     grids, launch = [], _triton.run
 
     def record(one):
-        grids.append((one.kernel.__name__, one.grid))
+        grids.append((one.kernel.__name__, one.grid, one.constexprs))
         return launch(one)
 
     monkeypatch.setattr(_triton, "run", record)
@@ -335,7 +337,8 @@ def test_gluon_fp8_persistent_forward(name, mode, monkeypatch):
     qd, kd, vd = qd * spread, kd * spread[::-1], vd * spread[:, ::-1]
     out, lse = jax_flash_amd.attention(qq, kq, vq, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True,
                                        causal=c["causal"], window_size=c["window"], implementation="triton")
-    assert ("attn_fwd_sm90", (3, 1)) in grids, grids
+    (made,) = [constexprs for kernel, grid, constexprs in grids if kernel == "attn_fwd_sm90" and grid == (3, 1)]
+    assert made["CARRY"] == (mode == "carry") and made["PINGPONG"] == (mode == "pingpong"), made
     jax.clear_caches()  # nor leave them to the next test
     group = c["h"] // c["h_kv"]
     ref = oracle.attention(fp8.dequantize(qq, jnp.repeat(qd, group, axis=1)), fp8.dequantize(kq, kd),
