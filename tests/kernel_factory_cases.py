@@ -191,13 +191,14 @@ def case_cuda_gluon_fp8_forward():
                                                                                                  and not variant)
             _compiles(launches[1], cuda, "attn_fwd_sm90")
         # the persistent grid (whole blocks, each tile's descales): the shipped row, with PINGPONG, with CARRY
+        q = jnp.zeros((2, 512, 4, 128), jnp.float8_e4m3fn)
+        descale = jnp.ones((2, 4), jnp.float32)
+        descales = Operands(q_descale=descale, k_descale=descale, v_descale=descale)
+        statics = _launch.Statics(128 ** -0.5, Band.of(False, (-1, -1), 512, 512))
         for pingpong, carry in ((False, 0), (True, 0), (False, 1)):
             configs.SM90_GLUON_FWD_FP8 = [dict(r, PINGPONG=pingpong, CARRY=carry) for r in shipped]
-            q = jnp.zeros((2, 512, 4, 128), jnp.float8_e4m3fn)
-            descale = jnp.ones((2, 4), jnp.float32)
             launches.clear()
-            _launch.forward(record, "sm90", q, q, q, Operands(q_descale=descale, k_descale=descale, v_descale=descale),
-                            statics=_launch.Statics(128 ** -0.5, Band.of(False, (-1, -1), 512, 512)))
+            _launch.forward(record, "sm90", q, q, q, descales, statics=statics)
             made = launches[1].constexprs
             assert made["N_ROWS"] == 8 and made["CARRY"] == carry and made["PINGPONG"] == pingpong, made
             _compiles(launches[1], cuda, "attn_fwd_sm90")
