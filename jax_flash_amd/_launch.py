@@ -631,6 +631,12 @@ def _delta(out, dout, dlse):
     return jnp.einsum("bshd,bshd->bhs", out, dout, preferred_element_type=jnp.float32) - dlse
 
 
+def ds_scale(statics: Statics) -> np.float32:
+    """attn_bwd_dq_ds's scale: sm_scale, times keep_scale under dropout (the workspace holds dS / keep_scale:
+    kernels/dropout.py dropped_ds)."""
+    return np.float32(statics.scale * rules.dropout_keep_scale(statics.dropout_p))
+
+
 def _backward_ds(run, target, q, k, v, lse2, delta, dout, extras, statics, rows, dkdv):
     """The dS path (kernels/bwd.py): dK/dV also writes dS^T, attn_bwd_dq_ds reads it for dQ."""
     b, sq, h, d = q.shape
@@ -643,7 +649,8 @@ def _backward_ds(run, target, q, k, v, lse2, delta, dout, extras, statics, rows,
     dk, dv, ds = _dkdv(run, target, q, k, v, dout, lse2, delta, extras, statics, dkdv, ds=True)
     (dq,) = run(_launch(
         bwd.attn_bwd_dq_ds, grid=(_cdiv(sq, dq_blocks["BLOCK_M"]), b * h),
-        inputs=dict(K=k, dS=ds, **{n: scalars[n] for n in ("sm_scale", "seq_q", "seq_k", "lo_off", "hi_off")}),
+        inputs=dict(K=k, dS=ds, sm_scale=ds_scale(statics),
+                    **{n: scalars[n] for n in ("seq_q", "seq_k", "lo_off", "hi_off")}),
         out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
         constexprs=dict(H=h, KV_H=k.shape[2], HEAD_DIM=d, BANDED=constexprs["BANDED"], DS_BLOCK_N=dkdv[0]["BLOCK_N"],
                         **dq_blocks, **band),

@@ -49,10 +49,8 @@ def dropout_bytes(seeds, seq_q: int, seq_k: int, row0=None, col0=None) -> jax.Ar
     if row0 is not None:  # per batch row
         rows = rows + row0.astype(jnp.int32)[:, None, None]
         cols = cols + col0.astype(jnp.int32)[:, None, None]
-    x = _line(rows, key_q, 0x9E3779B1)[..., :, None] ^ _line(cols, key_k, 0x85EBCA77)[..., None, :]
-    x = x * jnp.uint32(0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = x * jnp.uint32(0x846CA68B)
+    r = _line(rows, key_q, 0x9E3779B1)[..., :, None]
+    x = (r ^ _line(cols, key_k, 0x85EBCA77)[..., None, :]) * (r | jnp.uint32(1))
     return x >> 24
 
 

@@ -11,7 +11,9 @@ Delta are (batch, H, seq_q) fp32. Grouped-query attention: a dK/dV
 program owns one key/value head and sums over the H // KV_H query heads that read it (in its loop, so
 still no atomics).
 Dropout (dropout.py) regenerates the forward's keep mask: with Pd = P * keep * keep_scale,
-dV = Pd^T dO and dS = P * (keep * keep_scale * dO V^T - delta).
+dV = Pd^T dO and dS = P * (keep * keep_scale * dO V^T - delta). The tiles leave keep_scale out (P * keep, and
+dS / keep_scale: dropout.dropped_ds); each output block takes it once (kept_scaled), and the dS path's workspace
+holds dS / keep_scale (its dQ's scale carries keep_scale: jax_flash_amd/_launch.py ds_scale).
 Hopper (TMA config rows): dQ reads K and V through TMA descriptors; dK/dV reads every tile through them (lse
 and delta through pointers) and runs its query blocks in one loop, warp-specialised where the row says
 (_dkdv_tma_program); PERSISTENT rows: one program per SM
@@ -24,7 +26,7 @@ atomics (deterministic); dS carries dropout's keep mask (only dK/dV draws it). D
 import triton
 import triton.language as tl
 
-from .dropout import keep, load_seed
+from .dropout import dropped_ds, keep, load_seed
 from .masking import (element_tiles, head_start, key_blocks, load_ids, load_tile, persistent_rounds, persistent_tile,
                       place, query_blocks, span_block, span_blocks, store_tile, tile_order, visible)
 from . import configs
@@ -47,6 +49,14 @@ def _lse2(Lse, row0, offs_m, seq_q):
 
 
 @triton.jit
+def kept_scaled(x, keep_scale, DROP_THRESHOLD: tl.constexpr):
+    """An output block (dK, dV, dQ) times keep_scale under dropout, which the tiles leave out (dropout.dropped_ds)."""
+    if DROP_THRESHOLD > 0:
+        x = x * keep_scale
+    return x
+
+
+@triton.jit
 def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, start_m, start_n, seq_q, seq_k, lo_off,
                hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed, q_ids, k_ids, keep_scale,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
@@ -61,20 +71,18 @@ def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, st
                                    diag, sm_scale, softcap, slope, MASKED=MASKED, BANDED=BANDED,
                                    SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP, ALIBI=ALIBI)  # [BN, BM]
     p_t = tl.math.exp2(s_t * scale2 - lse2[None, :])
+    kept_t = False
+    pd_t = p_t  # dV's P: P keep (keep_scale on dV at the end: kept_scaled)
     if DROP_THRESHOLD > 0:
         kept_t = keep(seed, start_m + pos_q, start_n + pos_k, DROP_THRESHOLD, BLOCK_M, BLOCK_N, True)  # [BN, BM]
+        pd_t = tl.where(kept_t, p_t, 0.0)
     if DV:
-        if DROP_THRESHOLD > 0:
-            dv = tl.dot(tl.where(kept_t, p_t * keep_scale, 0.0).to(do.dtype), do, dv, input_precision="ieee")
-        else:
-            dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")
+        dv = tl.dot(pd_t.to(do.dtype), do, dv, input_precision="ieee")
     if DK:
         if LOAD_DELTA:
             delta = tl.load(Delta + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")  # [BN, BM]
-        if DROP_THRESHOLD > 0:
-            dp_t = tl.where(kept_t, dp_t * keep_scale, 0.0)
-        ds_t = p_t * (dp_t - delta[None, :])
+        ds_t = dropped_ds(p_t, dp_t, delta[None, :], kept_t, DROP_THRESHOLD)
         if SOFTCAP:
             ds_t = ds_t * dlogit_t  # through softcap's tanh
         if STORE_DS:
@@ -258,8 +266,9 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                          BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
                          SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, DK=DK, DV=DV,
                          ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS, DS_BAND=DS_BAND)
-    dk = dk * sm_scale
-    if EDGES == 2:
+    dk = kept_scaled(dk * sm_scale, keep_scale, DROP_THRESHOLD)
+    dv = kept_scaled(dv, keep_scale, DROP_THRESHOLD)
+    if EDGES == 2:  # the partials carry keep_scale already
         dk += load_tile(DKPart + kv_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
         dv += load_tile(DVPart + kv_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
     if DK:
@@ -354,8 +363,10 @@ def _dkdv_tma_tile(start_n, bh, descriptors, Lse, Delta, Slopes, Seeds, QueryRan
                        DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, WARP_SPECIALIZE=WARP_SPECIALIZE,
                        STORE_DS=DS, DS_BAND=DS_BAND)
     kv_base = head_start(b, h_kv, seq_k, KV_H, HEAD_DIM)
-    store_tile(dK + kv_base, dk * sm_scale, offs_n, offs_d, KV_H * HEAD_DIM, seq_k, HEAD_DIM, False)
-    store_tile(dV + kv_base, dv, offs_n, offs_d, KV_H * HEAD_DIM, seq_k, HEAD_DIM, False)
+    store_tile(dK + kv_base, kept_scaled(dk * sm_scale, keep_scale, DROP_THRESHOLD), offs_n, offs_d, KV_H * HEAD_DIM,
+               seq_k, HEAD_DIM, False)
+    store_tile(dV + kv_base, kept_scaled(dv, keep_scale, DROP_THRESHOLD), offs_n, offs_d, KV_H * HEAD_DIM, seq_k,
+               HEAD_DIM, False)
 
 
 @triton.jit
@@ -443,10 +454,10 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, kv_row, kv
                                    ALIBI=ALIBI)  # [BM, BN]
         p = tl.math.exp2(s * scale2 - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # [BM, BN]
+        kept = False
         if DROP_THRESHOLD > 0:
             kept = keep(seed, start_m + pos_q, start_n + pos_k, DROP_THRESHOLD, BLOCK_M, BLOCK_N)
-            dp = tl.where(kept, dp * keep_scale, 0.0)
-        ds = p * (dp - delta[:, None])
+        ds = dropped_ds(p, dp, delta[:, None], kept, DROP_THRESHOLD)  # keep_scale on dQ at the end
         if SOFTCAP:
             ds = ds * dlogit  # through softcap's tanh
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
@@ -516,7 +527,8 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, d
                    MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
                    DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=USE_TMA)
-    store_tile(dQ + q_base, dq * sm_scale, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, BLOCK_D != HEAD_DIM)
+    store_tile(dQ + q_base, kept_scaled(dq * sm_scale, keep_scale, DROP_THRESHOLD), offs_m, offs_d, STRIDE, seq_q,
+               HEAD_DIM, BLOCK_D != HEAD_DIM)
 
 
 @triton.jit

@@ -22,11 +22,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .bwd import ds_col, ds_shape
+from .bwd import ds_col, ds_shape, kept_scaled
 from .configs import TILED_GROUP_PROGRAMS
-from .dropout import keep_at, load_seed
-from .fwd_sm90 import (ROWS, block_scores, invalidate_kv_rings, kv_rings, load_keys, query_rows, tiles, tma_load,
-                       tma_store)
+from .dropout import dropped_ds, keep_at
+from .fwd_sm90 import (ROWS, block_scores, head_scalars, invalidate_kv_rings, kv_rings, load_keys, query_rows, tiles,
+                       tma_load, tma_store)
 from .masking import query_blocks, tile_order
 
 
@@ -86,8 +86,9 @@ def _consume(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_
              STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr,
              ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, DS: gl.constexpr, DS_BAND: gl.constexpr):
     """Keys [start_n + HALF * ROWS, + ROWS): dK and dV over the program's query blocks, masked outside
-    [full_begin, full_end). Dropout (DROP_THRESHOLD > 0) as bwd._dkdv_tile's: Pd = P keep keep_scale for dV, and
-    dS = P (keep keep_scale dP - delta), the mask regenerated from the query head's seed (dropout.keep_at)."""
+    [full_begin, full_end). Dropout (DROP_THRESHOLD > 0) as bwd._dkdv_tile's: P keep for dV, and dS / keep_scale
+    (dropout.dropped_ds), keep_scale on dK and dV once at the end; the mask regenerated from the query head's seed
+    (dropout.keep_at)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -102,7 +103,10 @@ def _consume(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_
     zeros = gl.zeros([ROWS, BLOCK_M], gl.float32, s_layout)
     dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
-    slope = 0.0
+    if GROUP == 1:  # one query head: its slope and seed once, so the seed's mixing (two loads and ~33 uniform
+        # operations) and the key rows' share of dropout's hash leave the loop (with GROUP > 1, per block: carried
+        # through the loop they cost more than they save, sm90 SASS)
+        slope, seed = head_scalars(Slopes, Seeds, b * H + kv_h, ALIBI, DROP_THRESHOLD)
     mbarrier.wait(kv_bar, 0)
     for i in range(n_iters):
         s = i % STAGES
@@ -115,25 +119,21 @@ def _consume(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_
         mbarrier.wait(do_ready.index(s), phase)
         dpt = warpgroup_mma(v, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
         st = warpgroup_mma_wait(1, deps=(st,))  # S^T is in, dP^T runs on
-        if ALIBI:
-            slope = gl.load(Slopes + b * H + h)
-        seed = load_seed(Seeds, b * H + h, DROP_THRESHOLD)
+        if GROUP > 1:
+            slope, seed = head_scalars(Slopes, Seeds, b * H + h, ALIBI, DROP_THRESHOLD)
         lse = lse_smem.index(s).load(col_layout)
         lse = gl.where(lse == float("-inf"), float("inf"), lse)  # bwd._seen: rows that see no key get P = 0
         q_idx = gl.expand_dims(start_m + m_range, 0)
         p, dlogit = _probs(st, q_idx, k_idx, (start_m < full_begin) | (start_m >= full_end), seq_q, seq_k, lo_off,
                            hi_off, sm_scale, softcap, slope, gl.expand_dims(lse, 0), BANDED, MAY_MASK, SOFTCAP, ALIBI)
+        p_kept = p  # dV's P: P keep (keep_scale on dV at the end)
         if DROP_THRESHOLD > 0:
-            kept = keep_at(seed, q_idx, k_idx, DROP_THRESHOLD)
-            pb = gl.convert_layout(gl.where(kept, p * keep_scale, 0.0).to(dtype), op_layout)
-        else:
-            pb = gl.convert_layout(p.to(dtype), op_layout)
+            p_kept = gl.where(keep_at(seed, q_idx, k_idx, DROP_THRESHOLD), p, 0.0)
+        pb = gl.convert_layout(p_kept.to(dtype), op_layout)
         dv = warpgroup_mma(pb, do, dv, is_async=True)
         dpt, pb = warpgroup_mma_wait(1, deps=(dpt, pb))
-        if DROP_THRESHOLD > 0:
-            dpt = gl.where(kept, dpt * keep_scale, 0.0)
         delta = delta_smem.index(s).load(col_layout)
-        ds = p * (dpt - gl.expand_dims(delta, 0))
+        ds = dropped_ds(p, dpt, gl.expand_dims(delta, 0), p_kept, DROP_THRESHOLD)  # P keep: dropout.dropped_ds
         if SOFTCAP:
             ds = ds * dlogit  # through softcap's tanh
         dsb = ds.to(dtype)
@@ -150,8 +150,8 @@ def _consume(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_
         dv, dk, dsb = warpgroup_mma_wait(0, deps=(dv, dk, dsb))
         mbarrier.arrive(empty.index(s))
     # K's and V's buffers are free now (this group's products are done): dK and dV leave through them
-    k.store((dk * sm_scale).to(dtype))
-    v.store(dv.to(dtype))
+    k.store(kept_scaled(dk * sm_scale, keep_scale, DROP_THRESHOLD).to(dtype))
+    v.store(kept_scaled(dv, keep_scale, DROP_THRESHOLD).to(dtype))
     fence_async_shared()
     tma_store(dk_desc, [kv_row + HALF * ROWS, kv_col], k)
     tma_store(dv_desc, [kv_row + HALF * ROWS, kv_col], v)
@@ -293,16 +293,18 @@ def _dq_consume(q_smem, do_smem, k_smem, v_smem, dq_desc, Lse, Delta, q_bar, k_r
                            hi_off, sm_scale, softcap, slope, lse, BANDED, MAY_MASK, SOFTCAP, ALIBI)
         dp = warpgroup_mma_wait(0, deps=(dp,))
         mbarrier.arrive(v_empty.index(s))
+        kept = False
         if DROP_THRESHOLD > 0:
-            dp = gl.where(keep_at(seed, q_idx, k_idx, DROP_THRESHOLD), dp * keep_scale, 0.0)
-        ds = p * (dp - delta)
+            kept = keep_at(seed, q_idx, k_idx, DROP_THRESHOLD)
+        ds = dropped_ds(p, dp, delta, kept, DROP_THRESHOLD)
         if SOFTCAP:
             ds = ds * dlogit
         dsb = gl.convert_layout(ds.to(dtype), op_layout)
         dq = warpgroup_mma(dsb, k, dq, is_async=True)
         dq, dsb = warpgroup_mma_wait(0, deps=(dq, dsb))
         mbarrier.arrive(k_empty.index(s))
-    q.store((dq * sm_scale).to(dtype))  # q's buffer is free: every product that read it is done
+    # q's buffer is free: every product that read it is done
+    q.store(kept_scaled(dq * sm_scale, keep_scale, DROP_THRESHOLD).to(dtype))
     fence_async_shared()
     tma_store(dq_desc, [q_row + HALF * ROWS, q_col], q)
     tma.store_wait(0)

@@ -9,15 +9,20 @@ NOTES "Sixteenth session"). Per (batch, head) the 64-bit seed is mixed into two 
 query q and key k then give
     r = (q ^ key_q) * P1,  r ^= r >> 16      (per query row)
     c = (k ^ key_k) * P2,  c ^= c >> 16      (per key column)
-    x = r ^ c,  x *= M1,  x ^= x >> 15,  x *= M2
-and the byte is x's top 8 bits: six integer operations per probability (Philox's call cost less per byte where
-all 16 of its bytes served, in the forward, and more in dK/dV's transposed tiles, which used 4). M1, M2 (and the
-seed's mixing) are lowbias32's (C. Wellons, hash-prospector). Statistics (benchmarks/dropout_stats.py, 16 seeds
-of 4096 x 4096 at offsets up to 2^17): byte pairs at 12 lags along each axis (1 .. 1024, Fibonacci lags among
+    x = (r ^ c) * (r | 1)
+and the byte is x's top 8 bits: an xor and a multiply per probability (r | 1 is per row). For a row, c -> x is
+a bijection (r | 1 is odd), and the multiply carries every bit of r ^ c into the top byte. M1, M2 (the seed's
+mixing) are lowbias32's (C. Wellons, hash-prospector). Statistics (benchmarks/dropout_stats.py, 16 seeds of
+4096 x 4096 at offsets up to 2^17): byte pairs at 12 lags along each axis (1 .. 1024, Fibonacci lags among
 them), diagonals, the corners of 2 x 2 squares (adjacent, up to 64 apart, random), and the masks of seeds one
-apart or with the high bit flipped show no dependence (37 chi-square tests, |z| < 3). A probability is kept when
-its byte is >= THRESHOLD, in 1 .. 255: the rate is THRESHOLD / 256 (p rounded to a multiple of 1/256,
-jax_flash_amd/reference.py: dropout_threshold). reference.py mirrors this bit for bit (the xla implementation)."""
+apart or with the high bit flipped show no dependence (chi-square tests, |z| < 3: dropout_stats.json).
+A probability is kept when its byte is >= THRESHOLD, in 1 .. 255: the rate is THRESHOLD / 256 (p rounded to a
+multiple of 1/256, jax_flash_amd/reference.py: dropout_threshold). reference.py mirrors this bit for bit (the
+xla implementation).
+
+The backward leaves keep_scale (1 / the keep rate) out of its tiles: they compute P keep and
+dS / keep_scale = P (keep dP - delta keep_rate) (`dropped_ds`), and the output blocks take keep_scale once
+(bwd.kept_scaled)."""
 import triton
 import triton.language as tl
 
@@ -65,13 +70,35 @@ def _keys(seed):
 
 
 @triton.jit
-def _kept(x, THRESHOLD: tl.constexpr):
-    """Whether the byte of x = r ^ c (a row's and a column's _line) is kept."""
-    x = x * M1
-    x = x ^ (x >> 15)
-    x = x * M2
+def _kept(r, c, THRESHOLD: tl.constexpr):
+    """Whether the byte of row line r and column line c (_line's) is kept: the top byte of (r ^ c) * (r | 1)."""
+    x = (r ^ c) * (r | 1)
     CUT: tl.constexpr = THRESHOLD * (1 << 24)  # the top byte >= THRESHOLD
     return x >= CUT
+
+
+@triton.constexpr_function
+def keep_rate(THRESHOLD):
+    """The kept fraction, (256 - THRESHOLD) / 256: exact in float32, unlike keep_scale (its inverse)."""
+    return (256 - THRESHOLD) / 256
+
+
+@triton.jit
+def dropped_ds(p, dp, delta, kept, THRESHOLD: tl.constexpr):
+    """A backward tile's dS before softcap: P (dP - delta), or under dropout (THRESHOLD > 0) dS / keep_scale =
+    P (keep dP - delta keep_rate), keep_scale left to the output blocks (bwd.kept_scaled). kept: the keep mask, or
+    P keep itself (a float tile, dV's operand: P keep dP - P delta keep_rate, the same). Which one is the
+    compiler's matter: given P keep, the sm90 Gluon dK/dV holds no 32 predicates across its dP wait (SASS per
+    block, D 128: 968 -> 894 instructions), while gfx942's Triton dK/dV needs 26 more VGPRs (376 -> 402) and its
+    dQ 22 more instructions per iteration. delta: broadcastable to the tile ([1, BM] or [BM, 1]: its keep_rate
+    product costs a row, not a tile)."""
+    if THRESHOLD > 0:
+        if kept.dtype == tl.int1:
+            return p * (tl.where(kept, dp, 0.0) - delta * keep_rate(THRESHOLD))
+        else:
+            return kept * dp - p * (delta * keep_rate(THRESHOLD))
+    else:
+        return p * (dp - delta)
 
 
 @triton.jit
@@ -84,15 +111,16 @@ def keep(seed, start_m, start_n, THRESHOLD: tl.constexpr, BLOCK_M: tl.constexpr,
     r = _line(start_m + tl.arange(0, BLOCK_M), key_q, P1)
     c = _line(start_n + tl.arange(0, BLOCK_N), key_k, P2)
     if TRANSPOSED:
-        x = r[None, :] ^ c[:, None]
+        return _kept(r[None, :], c[:, None], THRESHOLD)
     else:
-        x = r[:, None] ^ c[None, :]
-    return _kept(x, THRESHOLD)
+        return _kept(r[:, None], c[None, :], THRESHOLD)
 
 
 @triton.jit
-def keep_at(seed, q_idx, k_idx, THRESHOLD: tl.constexpr):
+def keep_at(seed, q_idx, k_idx, THRESHOLD: tl.constexpr, k_start=0):
     """keep's mask from the caller's global indices q_idx, k_idx, broadcast to the tile's shape (one of them a row,
-    the other a column, either way round): for Gluon kernels, whose index tensors carry their layouts."""
+    the other a column, either way round): for Gluon kernels, whose index tensors carry their layouts. k_start:
+    the keys are k_start + k_idx, with k_start a multiple of a power of two above every k_idx (a block's start and
+    its offsets), so k_start + k_idx = k_start ^ k_idx and k_start goes into the key once instead of per column."""
     key_q, key_k = _keys(seed)
-    return _kept(_line(q_idx, key_q, P1) ^ _line(k_idx, key_k, P2), THRESHOLD)
+    return _kept(_line(q_idx, key_q, P1), _line(k_idx, key_k ^ k_start, P2), THRESHOLD)

@@ -91,14 +91,20 @@ def invalidate_kv_rings(k_ready, v_ready, k_empty, v_empty, STAGES: gl.constexpr
 
 
 @gluon.jit
+def head_scalars(Slopes, Seeds, bh, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr):
+    """(ALiBi slope, dropout seed) of row bh = batch * H + query head (0.0 and 0 where not used)."""
+    slope = 0.0
+    if ALIBI:
+        slope = gl.load(Slopes + bh)
+    return slope, load_seed(Seeds, bh, DROP_THRESHOLD)
+
+
+@gluon.jit
 def query_rows(start_m, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, b, bh, BLOCK_N: gl.constexpr,
                BANDED: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr):
     """What a program of 2 * ROWS queries from start_m of row bh = batch * H + head needs besides its tiles: (ALiBi
     slope, dropout seed, and masking.key_blocks' start, full_start, full_end, end)."""
-    slope = 0.0
-    if ALIBI:
-        slope = gl.load(Slopes + bh)
-    seed = load_seed(Seeds, bh, DROP_THRESHOLD)
+    slope, seed = head_scalars(Slopes, Seeds, bh, ALIBI, DROP_THRESHOLD)
     start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, Slopes, b, 2 * ROWS,
                                                   BLOCK_N, BANDED, False)
     return slope, seed, start, full_start, full_end, end
@@ -158,13 +164,14 @@ def block_scores(qk, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scal
 
 
 @gluon.jit
-def _online(qk, m, l, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed,
-            BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+def _online(qk, m, l, q_idx, k_offsets, start_n, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
+            seed, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
             DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr):
-    """One key block's online-softmax step (fwd._fwd_block's): (p, m, l, alpha); dropout zeroes p after the row
-    sum (the caller scales the output by keep_scale); fp8: p and l carry 2 ** P8_LOG2."""
-    s, scale2, _ = block_scores(qk, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
-                                BANDED, MAY_MASK, SOFTCAP, ALIBI)
+    """One key block's online-softmax step (fwd._fwd_block's) over keys start_n + k_offsets: (p, m, l, alpha);
+    dropout zeroes p after the row sum (the caller scales the output by keep_scale), its key columns drawn from
+    the block's start (dropout.keep_at's k_start: no add per column); fp8: p and l carry 2 ** P8_LOG2."""
+    s, scale2, _ = block_scores(qk, q_idx, k_offsets + start_n, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
+                                slope, BANDED, MAY_MASK, SOFTCAP, ALIBI)
     m_new = gl.maximum(m, gl.max(s, axis=1) * scale2)
     m_use = m_new
     if MAY_MASK:  # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
@@ -176,7 +183,7 @@ def _online(qk, m, l, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_sca
     alpha = gl.exp2(m - m_use)
     l = l * alpha + gl.sum(p, axis=1)
     if DROP_THRESHOLD > 0:
-        p = gl.where(keep_at(seed, q_idx, k_idx, DROP_THRESHOLD), p, 0.0)
+        p = gl.where(keep_at(seed, q_idx, k_offsets, DROP_THRESHOLD, start_n), p, 0.0)
     return p, m_new, l, alpha
 
 
@@ -238,7 +245,7 @@ def _first(q, k_smem, k_ready, k_empty, turn, ring, qk, q_idx, k_idx, start, ful
     _their_turn(turn, HALF, PINGPONG)
     qk = warpgroup_mma_wait(0, deps=(qk,))
     mbarrier.arrive(k_empty.index(ring % STAGES))
-    p, m, l, _ = _online(qk, m, l, q_idx, k_idx + start, (start < full_start) | (start >= full_end), seq_q, seq_k,
+    p, m, l, _ = _online(qk, m, l, q_idx, k_idx, start, (start < full_start) | (start >= full_end), seq_q, seq_k,
                          lo_off, hi_off, sm_scale, softcap, slope, seed, BANDED, MAY_MASK, SOFTCAP, ALIBI,
                          DROP_THRESHOLD, P8_LOG2)
     return p, m, l, qk
@@ -267,7 +274,7 @@ def _blocks(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ring, n
         _their_turn(turn, HALF, PINGPONG)
         qk = warpgroup_mma_wait(1, deps=(qk,))
         mbarrier.arrive(k_empty.index(cur))
-        p, m, l, alpha = _online(qk, m, l, q_idx, k_idx + start_n, (start_n < full_start) | (start_n >= full_end),
+        p, m, l, alpha = _online(qk, m, l, q_idx, k_idx, start_n, (start_n < full_start) | (start_n >= full_end),
                                  seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, BANDED, MAY_MASK,
                                  SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2)
         acc = warpgroup_mma_wait(0, deps=(acc,))
@@ -486,7 +493,7 @@ def _carried_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, Q
             p, m_next, l_next, _ = _online(
                 qk, gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout)),
                 gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout)),
-                gl.expand_dims(_group_rows(start_m, HALF, s_layout), 1), k_idx + start,
+                gl.expand_dims(_group_rows(start_m, HALF, s_layout), 1), k_idx, start,
                 (start < full_start) | (start >= full_end), seq_q, seq_k, lo_off, hi_off, scale_next, softcap, slope,
                 seed, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2)
             acc = warpgroup_mma_wait(0, deps=(acc,))

@@ -266,6 +266,9 @@ def _gluon_dkdv_launches(cuda):
     import dataclasses
 
     import jax.numpy as jnp
+    import numpy as np
+
+    from jax_flash_amd import rules
 
     from jax_flash_amd import _launch
     from jax_flash_amd.kernels import configs
@@ -291,6 +294,10 @@ def _gluon_dkdv_launches(cuda):
             (launch,) = [one for one in launches if kf.is_gluon(one.kernel)]
             assert launch.constexprs["DROP_THRESHOLD"] > 0, launch.constexprs
             _compiles(launch, cuda, "attn_bwd_dkdv_sm90")
+            # the workspace holds dS / keep_scale (kernels/dropout.py dropped_ds): dQ's scale carries keep_scale
+            (dq,) = [one for one in launches if one.kernel.__name__ == "attn_bwd_dq_ds"]
+            scale = dq.args[_launch._params(dq.kernel).index("sm_scale")]
+            assert scale == np.float32(statics.scale / (1 - rules.dropout_rate(0.1))), scale
 
 
 def case_cuda_gluon_dq():

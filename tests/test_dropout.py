@@ -1,13 +1,18 @@
 """Dropout: the kernels' mask is the reference's (the same hash), the same in forward and backward, per key, as
 frequent as p, and without dependence between neighbours."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import triton
+import triton.language as tl
 
 import jax_flash_amd
-from helpers import KERNEL_IMPLS
+from helpers import KERNEL_IMPLS, ON_GPU
 from jax_flash_amd import reference, rules
+from jax_flash_amd.kernels.dropout import dropped_ds, keep, keep_at, load_seed
 from jax_flash_amd.rules import Band
 
 IMPLS = KERNEL_IMPLS + ["xla"]
@@ -97,3 +102,68 @@ def test_random_bytes_show_no_dependence():
     assert len(z) == 37
     worst = max(z, key=lambda k: abs(z[k]))
     assert abs(z[worst]) < 6, (worst, z[worst])
+
+
+
+@triton.jit
+def _masks(Seeds, start_m, start_n, Plain, FromStart, THRESHOLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """keep's mask of one tile drawn two ways: from the global indices (dropout.keep), and as the Gluon forward
+    draws it, from the block's key offsets with its start folded into the key (dropout.keep_at's k_start)."""
+    seed = load_seed(Seeds, tl.program_id(0) + 1, THRESHOLD)  # (batch 0, head 1) of Seeds (1, 2, 2)
+    rows = tl.arange(0, BM)
+    cols = tl.arange(0, BN)
+    at = rows[:, None] * BN + cols[None, :]
+    tl.store(Plain + at, keep(seed, start_m, start_n, THRESHOLD, BM, BN).to(tl.int32))
+    tl.store(FromStart + at, keep_at(seed, (start_m + rows)[:, None], cols[None, :], THRESHOLD, start_n).to(tl.int32))
+
+
+@pytest.mark.parametrize("start_m, start_n", [(0, 0), (37, 64), (5, 1 << 16), (1 << 20, 3 << 17)])
+@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
+def test_a_blocks_keys_from_its_start_draw_the_same_mask(start_m, start_n):
+    """keep_at(..., k_start=start_n) over offsets 0 .. BN - 1 is the mask of keys start_n + offsets (start_n a
+    multiple of BN: the same bits as start ^ offsets), and both are the reference's (interpreter)."""
+    from jax_flash_amd import _interpret, _launch
+    _interpret.check_available()
+    bm, bn, p = 16, 64, 0.3
+    seeds = reference.dropout_seeds(jax.random.key(4), 1, 2)
+    plain, from_start = _interpret.run(_launch._launch(
+        _masks, grid=(1,), inputs=dict(Seeds=seeds.astype(jnp.int32), start_m=start_m, start_n=start_n),
+        out_shapes=(jax.ShapeDtypeStruct((bm, bn), jnp.int32),) * 2,
+        constexprs=dict(THRESHOLD=rules.dropout_threshold(p), BM=bm, BN=bn), options={}))
+    at = lambda x: jnp.asarray([x], jnp.int32)  # noqa: E731
+    want = reference.dropout_keep(seeds, bm, bn, p, at(start_m), at(start_n))[0, 1]
+    np.testing.assert_array_equal(np.asarray(plain), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(from_start), np.asarray(want))
+
+
+@triton.jit
+def _ds_both_ways(P, dP, Delta, Kept, FromMask, FromKept, THRESHOLD: tl.constexpr, N: tl.constexpr):
+    at = tl.arange(0, N)[:, None] * N + tl.arange(0, N)[None, :]
+    p = tl.load(P + at)
+    dp = tl.load(dP + at)
+    delta = tl.load(Delta + tl.arange(0, N))[None, :]
+    kept = tl.load(Kept + at) != 0
+    tl.store(FromMask + at, dropped_ds(p, dp, delta, kept, THRESHOLD))
+    tl.store(FromKept + at, dropped_ds(p, dp, delta, tl.where(kept, p, 0.0), THRESHOLD))
+
+
+@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
+def test_the_backwards_ds_from_the_mask_or_from_p_keep():
+    """dropout.dropped_ds given the keep mask (the Triton kernels) or P keep (the Gluon dK/dV) is dS / keep_scale =
+    P (keep dP - delta keep_rate), against float64."""
+    from jax_flash_amd import _interpret, _launch
+    _interpret.check_available()
+    n, p_drop = 16, 0.3
+    threshold = rules.dropout_threshold(p_drop)
+    rng = np.random.default_rng(0)
+    p, dp = rng.uniform(0, 1, (n, n)).astype(np.float32), rng.normal(size=(n, n)).astype(np.float32)
+    delta, kept = rng.normal(size=n).astype(np.float32), rng.uniform(size=(n, n)) < 0.7
+    got = _interpret.run(_launch._launch(
+        _ds_both_ways, grid=(1,), inputs=dict(P=jnp.asarray(p), dP=jnp.asarray(dp), Delta=jnp.asarray(delta),
+                                              Kept=jnp.asarray(kept, jnp.int32)),
+        out_shapes=(jax.ShapeDtypeStruct((n, n), jnp.float32),) * 2, constexprs=dict(THRESHOLD=threshold, N=n),
+        options={}))
+    keep_rate = (256 - threshold) / 256
+    want = p.astype(np.float64) * (np.where(kept, dp, 0.0) - delta[None, :] * keep_rate)
+    for x in got:
+        np.testing.assert_allclose(np.asarray(x), want, rtol=1e-6, atol=1e-6)

@@ -354,6 +354,55 @@ def test_dropout_on_the_ds_path_in_the_interpreter(case, rows, monkeypatch):
                             32, 1, jnp.float16, monkeypatch, tma=rows == "tma")
 
 
+# dropout on seven products: dQ and dK/dV each draw the mask, their tiles leave keep_scale out and each output block
+# takes it once (kernels/bwd.py kept_scaled): the TMA rows tiled and persistent (descriptors over the whole batch),
+# and SPLIT's pointer rows (dV and dK from separate programs)
+SEVEN_DROPOUT_ROWS = {
+    "tma": TMA_INTERPRET_ROWS,
+    "tma-persistent": {**TMA_INTERPRET_ROWS, "dkdv": dict(TMA_INTERPRET_ROWS["dkdv"], PERSISTENT=1)},
+    "split": {"dkdv": dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, SPLIT=True)},
+}
+SEVEN_DROPOUT_CASES = {"causal": dict(causal=True, h_kv=2, alibi=False), "gqa-alibi": dict(causal=False, h_kv=1,
+                                                                                            alibi=True)}
+
+
+@pytest.mark.parametrize("rows", list(SEVEN_DROPOUT_ROWS))
+@pytest.mark.parametrize("case", list(SEVEN_DROPOUT_CASES))
+@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
+def test_dropout_on_seven_products_in_the_interpreter(case, rows, monkeypatch):
+    """Against float64 with the kernels' keep mask (reference.dropout_keep); the launches are the rows' (dQ drawing
+    its own mask, dK/dV persistent or SPLIT where the row says)."""
+    from jax_flash_amd import _interpret
+    _interpret.check_available()
+    c = SEVEN_DROPOUT_CASES[case]
+    b, s, h, d, p = 2, 64, 2, 32, 0.25
+    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))  # persistent whatever the schedule
+    monkeypatch.setattr(_launch, "compute_units", lambda target: 3)  # 3 programs for 4 or 8 tiles
+    q, k, v, dout, dlse = inputs((b, s, h, d), (b, s, c["h_kv"], d), jnp.float16, seed=13)
+    rng = jax.random.key(2)
+    seeds = reference.dropout_seeds(rng, b, h)
+    slopes = jnp.asarray([[0.3, 0.1]] * b, jnp.float32) if c["alibi"] else None
+    statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], (-1, -1), s, s), dropout_p=p)
+    launched, dkdv = [], []
+
+    def run(launch):
+        launched.append(launch.kernel.__name__)
+        if launch.kernel.__name__ == "attn_bwd_dkdv":
+            dkdv.append((launch.grid, launch.constexprs["PERSISTENT"], bool(launch.constexprs.get("TMA"))))
+        return _interpret.run(launch)
+
+    got = fwd_bwd_through(run, "interpret", statics, SEVEN_DROPOUT_ROWS[rows])(q, k, v, dout, dlse,
+                                                                             Operands(slopes=slopes, seeds=seeds))
+    assert "attn_bwd_dq" in launched and "attn_bwd_dq_ds" not in launched, launched
+    ((grid, persistent, tma),) = dkdv
+    assert (persistent, tma, grid[2] == 2) == (rows == "tma-persistent", rows != "split", rows == "split"), dkdv
+    kw = dict(causal=c["causal"])
+    ref = oracle.attention(q, k, v, dout, dlse, alibi=slopes, dropout_p=p, keep=reference.dropout_keep(seeds, s, s, p),
+                           **kw)
+    base = run_impl("xla", q, k, v, dout, dlse, alibi_slopes=slopes, dropout_p=p, dropout_rng=rng, **kw)
+    assert_close(got, ref, base, jnp.float16)
+
+
 @pytest.mark.parametrize("case", list(DROPOUT_DS_CASES))
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.gpu
