@@ -103,12 +103,10 @@ PINGPONG = {"fwd": [_gluon(), _gluon(PINGPONG=True), _gluon(PINGPONG=True, STAGE
 # its tiled grid and the Triton rows (the default below the rows' min_seq)
 GLUON_PERSISTENT = {"fwd": [_gluon(), _gluon(PERSISTENT=1)]}
 GLUON_CARRY = {"fwd": [_gluon(PERSISTENT=1, CARRY=0), _gluon(PERSISTENT=1, CARRY=1)]}
-# narrow windows through the persistent Gluon forward (NARROW_WINDOW 0 lets them take it; PERSISTENT_BANDED_BLOCKS
-# lifted, or a band of more query blocks than it falls back to the Triton rows: h200_gluon_carry_window_sweep.json's
-# D 128 cases did), CARRY 0 / 1, against the "+window" Triton rows they take by default: short key loops are where a
-# carried change of tile should pay most
-GLUON_WINDOW_CARRY = {"fwd": [dict(_limits=dict(NARROW_WINDOW=0, PERSISTENT_BANDED_BLOCKS=2 ** 30,
-                                                **_gluon(PERSISTENT=1, CARRY=c)["_limits"])) for c in (0, 1)]}
+# narrow windows through the persistent Gluon forward (the rows' `window`, _launch.gluon_forward's rule), CARRY 0 / 1,
+# against the "+window" Triton rows (every row's `window` off): short key loops are where a carried change of tile
+# should pay most
+GLUON_WINDOW_CARRY = {"fwd": [_gluon(window=False)] + [_gluon(PERSISTENT=1, CARRY=c, window=True) for c in (0, 1)]}
 # fp8 through the persistent Gluon forward (no PINGPONG; CARRY 0 / 1) against the default fp8 rows
 GLUON_FP8_PERSISTENT = {"fwd": [dict(_limits=dict(SM90_GLUON_FWD_FP8=[
     dict(r, min_seq=0, PINGPONG=False, PERSISTENT=1, CARRY=c) for r in configs.SM90_GLUON_FWD_FP8_CANDIDATES]))

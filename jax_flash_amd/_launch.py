@@ -353,14 +353,17 @@ def gluon_forward(target: str, q, k, statics: Statics, extras: Operands, rows=No
     """The configs.SM90_GLUON_FWD row of the Gluon forward (kernels/fwd_sm90.py) for this call, or None (the Triton
     forward): sm90, compiled kernels launched with their compiled warp count (_jax_triton_compat), 16-bit inputs
     (fp8: configs.SM90_GLUON_FWD_FP8's rows) with a head of a row's size, no segment ids or positions, no dropout
-    unless the row says `dropout`, no narrow window (its short key loops are faster on the "+window" rows: H200,
-    D 128, 1 x 16384 x 16, ms, Triton / Gluon: (1024, 0) 0.358 / 0.369, (256, 256) 0.217 / 0.280), both lengths at
+    unless the row says `dropout`, a narrow window only on a row that says `window` (16-bit, without dropout, and only
+    where it runs persistent; the "+window" rows' short key loops beat the tiled grid: configs.py), both lengths at
     least the row's min_seq (a short key loop or grid pays the program's fixed cost; a row with PERSISTENT, which
     spreads that cost, only where the call runs persistent: gluon_programs), and no "fwd" row given (autotuning and
     the rows sweep time the Triton rows)."""
     if not _gluon_takes(target, q, statics, extras, rows, "fwd"):
         return None
-    return _gluon_row(configs.SM90_GLUON_FWD_FP8 if fp8.is_fp8(q.dtype) else configs.SM90_GLUON_FWD, q, k, statics)
+    table = configs.SM90_GLUON_FWD_FP8 if fp8.is_fp8(q.dtype) else configs.SM90_GLUON_FWD
+    if statics.band.narrow(configs.NARROW_WINDOW):
+        table = [row for row in table if row.get("window") and row.get("PERSISTENT")]
+    return _gluon_row(table, q, k, statics)
 
 
 def gluon_dkdv(target: str, q, k, statics: Statics, extras: Operands, rows=None) -> dict | None:
@@ -385,14 +388,14 @@ def gluon_dq(target: str, q, k, statics: Statics, extras: Operands, rows=None) -
 def _gluon_takes(target: str, q, statics: Statics, extras: Operands, rows, kernel: str) -> bool:
     """Whether a call may take a Gluon kernel (kernels/*_sm90.py) in place of `kernel`'s Triton rows: sm90, compiled
     kernels launched with their compiled warp count (_jax_triton_compat), 16-bit inputs (the forward: fp8 too) with a
-    power-of-two head, no segment ids or positions, no narrow window but for dK/dV without dropout, and no row given
-    for `kernel` (autotuning and the rows sweep time the Triton rows). Dropout: _gluon_row. Narrow windows: the
-    forward's short key loops are faster on the "+window" rows (gluon_forward); the dK/dV's are not (H200, D 128,
-    1 x 16384 x 16, whole backward ms, Triton / Gluon dK/dV: (1024, 0) 1.165 / 1.057, (256, 256) 0.786 / 0.796;
-    hopper_rows_sweep.py gluonbwdwindow); with dropout not measured."""
+    power-of-two head, no segment ids or positions, no narrow window with dropout nor for dQ, and no row given for
+    `kernel` (autotuning and the rows sweep time the Triton rows). Dropout: _gluon_row. Narrow windows: the
+    forward's through the rows that say `window` (gluon_forward); the dK/dV's short query loops are no slower in
+    Gluon (H200, D 128, 1 x 16384 x 16, whole backward ms, Triton / Gluon dK/dV: (1024, 0) 1.165 / 1.057, (256, 256)
+    0.786 / 0.796; hopper_rows_sweep.py gluonbwdwindow); with dropout not measured."""
     if target != "sm90" or (rows or {}).get(kernel) is not None:
         return False
-    if statics.band.narrow(configs.NARROW_WINDOW) and (kernel != "dkdv" or statics.dropout_p > 0):
+    if statics.band.narrow(configs.NARROW_WINDOW) and (kernel == "dq" or statics.dropout_p > 0):
         return False
     fp8_tiles = kernel == "fwd" and fp8.is_fp8(q.dtype) and block_d(q.shape[3], q.dtype) == q.shape[3]
     if not (_whole_16bit_tiles(q) or fp8_tiles) or extras.q_segment_ids is not None:

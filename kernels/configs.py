@@ -210,12 +210,18 @@ _SM90_FWD64_TMA = dict(_SM90_FWD_TMA, max_block_d=64, min_block_d=64, max_banded
 # read 3-5 % slower with it at long non-causal calls, the same process within 1 %): 4 x 4096 0.950 / 0.933 / 0.930,
 # causal 0.556 / 0.527 / 0.475; 16 x 1024 0.267 / 0.260 / 0.241, causal 0.184 / 0.173 / 0.174; 1 x 16384 3.688 /
 # 3.581 / 3.613.
+# window: whether narrow windows (configs.NARROW_WINDOW; 16-bit, without dropout) take the row, only where it runs
+# persistent (_launch.gluon_forward; else the "+window" Triton rows, whose short key loops beat the tiled Gluon grid:
+# D 128 1 x 16384 x 16, ms, Triton / tiled Gluon (1024, 0) 0.358 / 0.369, (256, 256) 0.217 / 0.280). H200, forward ms,
+# "+window" Triton rows / persistent Gluon CARRY 0 / 1 (hopper_rows_sweep.py gluonwindowcarry, twenty-fourth
+# session): D 64 4 x 4096 x 32 (1024, 0) 0.440 / 0.389 / 0.383. D 128: not yet measured (the sweep's D 128 cases).
 SM90_GLUON_FWD = [
-    dict(head_dim=128, min_seq=0, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=True, PERSISTENT=1, num_warps=4),
+    dict(head_dim=128, min_seq=0, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=True, PERSISTENT=1, window=False,
+         num_warps=4),
     dict(head_dim=128, min_seq=4096, BLOCK_N=128, STAGES=2, CONSUMER_REGS=240, dropout=True, num_warps=4),
     dict(head_dim=64, min_seq=8192, BLOCK_N=128, STAGES=3, CONSUMER_REGS=232, dropout=False, num_warps=4),
     dict(head_dim=64, min_seq=0, BLOCK_N=128, STAGES=3, CONSUMER_REGS=232, dropout=False, PERSISTENT=1, CARRY=1,
-         num_warps=4),
+         window=True, num_warps=4),
 ]
 # The Gluon forward for fp8 inputs (kernels/fwd_sm90.py, P8_LOG2; V^T's keys in fwd.mma_order's order): which calls
 # take it as SM90_GLUON_FWD's (its rule, _launch.gluon_forward). PINGPONG: the consumer groups take turns to issue,

@@ -105,6 +105,28 @@ def test_gluon_persistent_forward(name, carry, monkeypatch):
     assert grids[0] == ("attn_fwd_sm90", (3, 1)), grids
 
 
+# narrow windows (configs.NARROW_WINDOW) through the rows that say `window` (every row made to here): persistent only,
+# on 3 programs
+NARROW_CASES = {
+    "left-causal": dict(sq=1024, sk=1024, causal=True, window=(300, 0)),
+    "two-sided-cross": dict(sq=640, sk=512, window=(60, 40)),
+    "gqa-alibi": dict(sq=512, sk=512, window=(100, 100), h_kv=2, alibi=True),
+    "d64-left-causal": dict(sq=1024, sk=1024, causal=True, window=(200, 0), d=64),
+}
+
+
+@pytest.mark.parametrize("name", list(NARROW_CASES))
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_gluon_forward_of_a_narrow_window(name, monkeypatch):
+    monkeypatch.setattr(configs, "SM90_GLUON_FWD", [dict(row, window=True) for row in configs.SM90_GLUON_FWD])
+    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))
+    monkeypatch.setattr(_launch, "compute_units", lambda target: 3)
+    grids = []
+    run_case(with_defaults(NARROW_CASES[name]), seed=31, grids=grids)
+    assert grids[0] == ("attn_fwd_sm90", (3, 1)), grids
+
+
 def run_case(c, seed, grids=None):
     """Case c (_case) through _launch's forward and backward on the GPU, the rows as the caller set them, against
     float64; the kernels it launched (and into `grids`, their (name, grid))."""
@@ -192,7 +214,11 @@ def takes(monkeypatch, rule, interpreted=False, jax_triton=(0, 3, 1), shape=(1, 
     (dict(dtype=jnp.float16), 128),
     (dict(alibi=True), 128),
     (dict(window=(4096, 0)), 128),  # wide: one-sided in effect
-    (dict(window=(1024, 0)), None),  # narrow windows: the Triton rows (short key loops)
+    (dict(window=(1024, 0)), None),  # narrow windows: D 128's rows do not say `window` (the "+window" Triton rows)
+    (dict(shape=(4, 4096, 32, 64), window=(1024, 0)), 64),  # D 64's persistent row says `window`
+    (dict(shape=(4, 4096, 32, 64), window=(100, 100), causal=False), 64),
+    (dict(shape=(4, 4000, 32, 64), window=(1024, 0)), None),  # ragged: not persistent, and no tiled row for it
+    (dict(shape=(4, 4096, 32, 64), window=(1024, 0), dropout=0.1), None),  # narrow windows with dropout: Triton's
     (dict(causal=False), 128),
     (dict(causal=False, window=(3000, 3000)), 128),  # two-sided, wider than configs.NARROW_WINDOW
     (dict(shape=(16, 1024, 16, 128)), 128),  # the persistent row: whole blocks
@@ -228,6 +254,7 @@ def test_which_calls_take_the_gluon_forward(case, head, monkeypatch):
     (dict(shape=(1, 16384, 32, 64)), False),  # D 64 from 8192: the tiled row (persistent measured slower there)
     (dict(shape=(1, 16384, 16, 128), dtype=jnp.float8_e4m3fn), False),  # fp8 causal: the tiled row from 8192
     (dict(shape=(1, 16384, 16, 128), dtype=jnp.float8_e4m3fn, causal=False), True),
+    (dict(shape=(1, 16384, 32, 64), window=(1024, 0)), True),  # a narrow window: only the rows that say `window`
     (dict(shape=(4, 4096, 16, 128), dtype=jnp.float8_e4m3fn), True),
 ])
 def test_which_calls_run_the_gluon_forward_persistent(case, persistent, monkeypatch):
