@@ -9,7 +9,8 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
                                                                    # windowds, d64ws, windowbanded, gluon, gluon8k,
                                                                    # gluonwindow, gluonbwd, gluondropout, gluondq,
                                                                    # gluonbwdwindow, gluonbwd64, gluonfp8,
-                                                                   # pingpong
+                                                                   # pingpong, gluonwindowcarry,
+                                                                   # gluondkdvpersistent (all: SETS)
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -107,6 +108,11 @@ GLUON_CARRY = {"fwd": [_gluon(PERSISTENT=1, CARRY=0), _gluon(PERSISTENT=1, CARRY
 # against the "+window" Triton rows (every row's `window` off): short key loops are where a carried change of tile
 # should pay most
 GLUON_WINDOW_CARRY = {"fwd": [_gluon(window=False)] + [_gluon(PERSISTENT=1, CARRY=c, window=True) for c in (0, 1)]}
+# the Gluon dK/dV persistent (kernels/bwd_sm90.py N_ROWS): every row made PERSISTENT (by the balance rule, and at any
+# balance) against the tiled grid (the default)
+GLUON_DKDV_PERSISTENT = {"dkdv": [_gluon_dkdv(PERSISTENT=1),
+                                  dict(_limits=dict(PERSISTENT_BALANCE=float("inf"),
+                                                    **_gluon_dkdv(PERSISTENT=1)["_limits"]))]}
 # fp8 through the persistent Gluon forward (no PINGPONG; CARRY 0 / 1) against the default fp8 rows
 GLUON_FP8_PERSISTENT = {"fwd": [dict(_limits=dict(SM90_GLUON_FWD_FP8=[
     dict(r, min_seq=0, PINGPONG=False, PERSISTENT=1, CARRY=c) for r in configs.SM90_GLUON_FWD_FP8_CANDIDATES]))
@@ -331,6 +337,9 @@ SETS = {
                    for n in (4096, 1024, 16384) for causal in (False, True) if (d, n) != (64, 16384)],
     "gluonwindowcarry": [((1, 16384, 16, 128), w[1] == 0, w, GLUON_WINDOW_CARRY) for w in ((1024, 0), (256, 256))]
                         + [((4, 4096, 32, 64), True, (1024, 0), GLUON_WINDOW_CARRY)],
+    "gluondkdvpersistent": [((16384 // n, n, 16, 128), causal, (-1, -1), GLUON_DKDV_PERSISTENT)
+                           for n in (1024, 4096, 16384) for causal in (False, True)]
+                          + [((1, 16384, 16, 128), w[1] == 0, w, GLUON_DKDV_PERSISTENT) for w in ((1024, 0), (256, 256))],
     "gluonfp8persistent": [((16384 // n, n, h, d), causal, (-1, -1), GLUON_FP8_PERSISTENT)
                            for d, h in ((128, 16), (64, 32)) for n in (4096, 1024, 16384) for causal in (False, True)],
     "gluonfp8pingpong": [((16384 // n, n, 16, 128), False, (-1, -1), GLUON_FP8_PERSISTENT_PINGPONG)

@@ -374,7 +374,7 @@ def gluon_dkdv(target: str, q, k, statics: Statics, extras: Operands, rows=None)
         return None
     if q.shape[0] * q.shape[2] * _cdiv(q.shape[1], 4) * 4 >= 2 ** 31:  # lse's 1-D TMA tiles: int32 coordinates
         return None
-    return _gluon_row(configs.SM90_GLUON_DKDV, q, k, statics)
+    return _gluon_row(configs.SM90_GLUON_DKDV, q, k, statics, keys=True)
 
 
 def gluon_dq(target: str, q, k, statics: Statics, extras: Operands, rows=None) -> dict | None:
@@ -403,23 +403,28 @@ def _gluon_takes(target: str, q, statics: Statics, extras: Operands, rows, kerne
     return extras.positions is None and _jax_triton_compat.launches_compiled_warps() and not interpreted()
 
 
-def _gluon_row(table: list[dict], q, k, statics: Statics) -> dict | None:
+def _gluon_row(table: list[dict], q, k, statics: Statics, keys: bool = False) -> dict | None:
     """The first row of a Gluon kernel's table (configs.SM90_GLUON_*) for the call's head dim whose min_seq both
     lengths reach, that takes the call's dropout if any, and, a row with PERSISTENT, where the call runs persistent
-    (gluon_programs); else None."""
+    (gluon_programs; keys: the dK/dV's grid); else None (a row that cannot run persistent gives way to the next)."""
     return next((row for row in table
                  if row["head_dim"] == q.shape[3] and min(q.shape[1], k.shape[1]) >= row["min_seq"]
                  and (statics.dropout_p == 0 or row["dropout"])
-                 and (not row.get("PERSISTENT") or gluon_programs(row, q, k, statics))), None)
+                 and (not row.get("PERSISTENT") or gluon_programs(row, q, k, statics, keys))), None)
 
 
-def gluon_programs(row: dict, q, k, statics: Statics) -> int:
-    """Programs of the Gluon forward's persistent grid for a row with PERSISTENT (programs per SM), or 0 (a tiled
-    grid): whole query and key blocks (one descriptor per tensor serves every tile) and persistent_programs' balance
-    rule."""
+def gluon_programs(row: dict, q, k, statics: Statics, keys: bool = False) -> int:
+    """Programs of a Gluon kernel's persistent grid for a row with PERSISTENT (programs per SM), or 0 (a tiled grid):
+    whole query and key blocks (one descriptor per tensor serves every tile) and persistent_programs' balance rule.
+    The forward's tiles: 128 queries (fwd_sm90.ROWS per group) of batch * heads rows; keys (the dK/dV,
+    kernels/bwd_sm90.py): 128 keys of batch * key/value heads rows, in steps of the row's BLOCK_M queries."""
     if not row.get("PERSISTENT"):
         return 0
-    blocks = dict(BLOCK_M=2 * 64, BLOCK_N=row["BLOCK_N"], PERSISTENT=row["PERSISTENT"])  # fwd_sm90.ROWS per group
+    if keys:
+        blocks = dict(BLOCK_M=row["BLOCK_M"], BLOCK_N=2 * 64, PERSISTENT=row["PERSISTENT"])
+        return persistent_programs(blocks, "sm90", q.shape[0] * k.shape[2], q.shape[1], k.shape[1], statics.band,
+                                   keys=True)
+    blocks = dict(BLOCK_M=2 * 64, BLOCK_N=row["BLOCK_N"], PERSISTENT=row["PERSISTENT"])
     return persistent_programs(blocks, "sm90", q.shape[0] * q.shape[2], q.shape[1], k.shape[1], statics.band)
 
 
@@ -524,7 +529,8 @@ def _dkdv(run: Run, target: str, q, k, v, dout, lse2, delta, extras: Operands, s
 
 def _dkdv_gluon(run: Run, q, k, v, dout, lse2, delta, extras: Operands, statics: Statics, dkdv, ds: bool):
     """_dkdv's (dk, dv, dS workspace) from the Gluon kernel (gluon_dkdv): one program per (128 keys, batch *
-    key/value heads)."""
+    key/value heads), or a row with PERSISTENT where the call runs persistent (gluon_programs) a grid of about that
+    many programs per SM."""
     from jax_flash_amd.kernels import bwd_sm90  # Gluon: imported only where it runs
 
     b, sq, h, _ = q.shape
@@ -532,14 +538,18 @@ def _dkdv_gluon(run: Run, q, k, v, dout, lse2, delta, extras: Operands, statics:
     blocks, options = dkdv
     inputs, constexprs = _gluon_args(q, k, statics, {name: blocks[name] for name in ("BLOCK_M", "STAGES",
                                                                                      "CONSUMER_REGS")})
+    programs = gluon_programs(blocks, q, k, statics, keys=True)
     constexprs.update(DS=ds, EVEN=sq % blocks["BLOCK_M"] == 0 and sk % blocks["BLOCK_N"] == 0,
                       **_ds_band(statics.band, sq, ds))
     lse_len = _cdiv(sq, 4) * 4  # lse's and delta's rows 16-byte aligned, as the kernel's TMA tiles need
     if lse_len != sq:
         lse2, delta = (jnp.pad(x, ((0, 0), (0, 0), (0, lse_len - sq))) for x in (lse2, delta))
     workspace = ds_workspace(b, h, sq, sk, blocks["BLOCK_N"], statics.band) if ds else (1,)
+    grid = (_cdiv(sk, blocks["BLOCK_N"]), b * h_kv)
+    if programs:
+        grid, constexprs["N_ROWS"] = (programs, 1), b * h_kv
     return run(_launch(
-        bwd_sm90.attn_bwd_dkdv_sm90, grid=(_cdiv(sk, blocks["BLOCK_N"]), b * h_kv),
+        bwd_sm90.attn_bwd_dkdv_sm90, grid=grid,
         inputs=dict(Q=q, K=k, V=v, dOut=dout, Lse=lse2, Delta=delta, lse_len=lse_len, **inputs),
         out_shapes=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
                     jax.ShapeDtypeStruct(workspace, q.dtype)),

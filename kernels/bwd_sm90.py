@@ -27,7 +27,7 @@ from .configs import TILED_GROUP_PROGRAMS
 from .dropout import dropped_ds, keep_at
 from .fwd_sm90 import (ROWS, block_scores, head_scalars, invalidate_kv_rings, kv_rings, load_keys, query_rows, tiles,
                        tma_load, tma_store)
-from .masking import query_blocks, tile_order
+from .masking import persistent_rounds, persistent_tile, query_blocks, tile_order
 
 
 @gluon.jit
@@ -45,18 +45,42 @@ def _query_block(i, begin, kv_h, GROUP: gl.constexpr, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
-def _loads(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
-           delta_smem, kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, begin, n_iters, seq_q, lse_len,
-           H: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-           STAGES: gl.constexpr):
+def _key_span(start_n, bh, seq_q, seq_k, lo_off, hi_off, KV_H: gl.constexpr, GROUP: gl.constexpr,
+              BLOCK_M: gl.constexpr, BANDED: gl.constexpr):
+    """Key block start_n of row bh = batch * KV_H + key/value head: (b, kv_h, begin, full_begin, full_end, n_iters),
+    masking.query_blocks' queries in n_iters steps of BLOCK_M queries of one of the GROUP query heads."""
+    b = bh // KV_H
+    begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, 0, b, BLOCK_M, 2 * ROWS,
+                                                    BANDED, False)
+    return b, bh % KV_H, begin, full_begin, full_end, gl.cdiv(end - begin, BLOCK_M) * GROUP
+
+
+@gluon.jit
+def _key_tile(r, n_n, n_rows):
+    """(start_n, bh) of a persistent program's round r: masking.persistent_tile's order over n_n key blocks of n_rows
+    = batch * KV_H rows, its blocks counted from the other end (causal: key block 0 sees the most queries, and goes
+    first)."""
+    block, bh = persistent_tile(r, n_n, n_rows)
+    return (n_n - 1 - block) * (2 * ROWS), bh
+
+
+@gluon.jit
+def _load_tile(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
+               delta_smem, kv_buf, kv_bar, q_ready, do_ready, empty, b, kv_h, start_n, begin, n_iters, ring, seq_q,
+               seq_k, lse_len, H: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+               STAGES: gl.constexpr):
+    """The load warp's share of one key block: its K and V (k_smem / v_smem[kv_buf + half], on kv_bar), then q, dO,
+    lse and delta of each of its steps through the ring of STAGES, from the ring's position `ring` (steps loaded
+    before: a persistent program's earlier tiles)."""
+    kv_row = b * seq_k + start_n
     mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
     for half in gl.static_range(2):
-        tma_load(k_desc, [kv_row + half * ROWS, kv_col], kv_bar, k_smem.index(half))
-        tma_load(v_desc, [kv_row + half * ROWS, kv_col], kv_bar, v_smem.index(half))
+        tma_load(k_desc, [kv_row + half * ROWS, kv_h * HEAD_DIM], kv_bar, k_smem.index(kv_buf + half))
+        tma_load(v_desc, [kv_row + half * ROWS, kv_h * HEAD_DIM], kv_bar, v_smem.index(kv_buf + half))
     for i in range(n_iters):
-        s = i % STAGES
+        s = (ring + i) % STAGES
         # a fresh barrier has completed no phase, and a wait for parity 1 passes: the first round waits for nothing
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        mbarrier.wait(empty.index(s), (((ring + i) // STAGES) & 1) ^ 1)
         h, start_m = _query_block(i, begin, kv_h, GROUP, BLOCK_M)
         row = b * seq_q + start_m
         flat = (b * H + h) * lse_len + start_m
@@ -66,6 +90,25 @@ def _loads(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem
         mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
         tma_load(do_desc, [row, h * HEAD_DIM], do_ready.index(s), do_smem.index(s))
         tma_load(delta_desc, [flat], do_ready.index(s), delta_smem.index(s))
+
+
+@gluon.jit
+def _loads_tiles(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
+                 delta_smem, kv_bar, kv_empty, q_ready, do_ready, empty, n_n, n_rows, seq_q, seq_k, lo_off, hi_off,
+                 lse_len, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                 STAGES: gl.constexpr, BANDED: gl.constexpr):
+    """A persistent program's load warp: tile r's K and V into buffer pair r % 2 once both groups have stored tile
+    r - 2's dK and dV from it (kv_empty), so they load while the groups work on tile r - 1; the ring runs on."""
+    ring = 0
+    for r in range(persistent_rounds(n_n * n_rows)):
+        start_n, bh = _key_tile(r, n_n, n_rows)
+        b, kv_h, begin, _, _, n_iters = _key_span(start_n, bh, seq_q, seq_k, lo_off, hi_off, KV_H, H // KV_H,
+                                                  BLOCK_M, BANDED)
+        mbarrier.wait(kv_empty.index(r % 2), ((r // 2) & 1) ^ 1)  # (a fresh barrier passes parity 1)
+        _load_tile(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
+                   delta_smem, 2 * (r % 2), kv_bar.index(r % 2), q_ready, do_ready, empty, b, kv_h, start_n, begin,
+                   n_iters, ring, seq_q, seq_k, lse_len, H, H // KV_H, HEAD_DIM, BLOCK_M, STAGES)
+        ring += n_iters
 
 
 @gluon.jit
@@ -79,24 +122,25 @@ def _probs(st, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, sof
 
 
 @gluon.jit
-def _consume(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc, dv_desc, ds_desc, Slopes,
-             Seeds, kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin, full_end,
-             n_iters, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, HALF: gl.constexpr,
-             H: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-             STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr,
-             ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, DS: gl.constexpr, DS_BAND: gl.constexpr):
-    """Keys [start_n + HALF * ROWS, + ROWS): dK and dV over the program's query blocks, masked outside
-    [full_begin, full_end). Dropout (DROP_THRESHOLD > 0) as bwd._dkdv_tile's: P keep for dV, and dS / keep_scale
-    (dropout.dropped_ds), keep_scale on dK and dV once at the end; the mask regenerated from the query head's seed
-    (dropout.keep_at)."""
+def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc, dv_desc, ds_desc, Slopes, Seeds,
+                  kv_bar, kv_phase, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin,
+                  full_end, n_iters, ring, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale,
+                  HALF: gl.constexpr, H: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  BLOCK_M: gl.constexpr,
+                  STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr,
+                  ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, DS: gl.constexpr, DS_BAND: gl.constexpr):
+    """Keys [start_n + HALF * ROWS, + ROWS) (k, v: their buffers, on kv_bar at parity kv_phase; dK's and dV's rows
+    from kv_row, columns from kv_col: passed, not computed here, the tiled loop is 6 instructions shorter, sm90 SASS):
+    dK and dV over the
+    tile's query steps (from the ring's position `ring`), masked outside [full_begin, full_end). Dropout
+    (DROP_THRESHOLD > 0) as bwd._dkdv_tile's: P keep for dV, and dS / keep_scale (dropout.dropped_ds), keep_scale on
+    dK and dV once at the end; the mask regenerated from the query head's seed (dropout.keep_at)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-    k = k_smem.index(HALF)
-    v = v_smem.index(HALF)
     dtype: gl.constexpr = k.dtype
     k_idx = gl.expand_dims(start_n + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout)), 1)
     m_range = gl.arange(0, BLOCK_M, layout=col_layout)
@@ -104,13 +148,13 @@ def _consume(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_
     dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
     if GROUP == 1:  # one query head: its slope and seed once, so the seed's mixing (two loads and ~33 uniform
-        # operations) and the key rows' share of dropout's hash leave the loop (with GROUP > 1, per block: carried
-        # through the loop they cost more than they save, sm90 SASS)
+        # operations) and the key rows' share of dropout's hash can leave the loop (ptxas hoists them: sm90 SASS,
+        # NOTES "Twenty-sixth session"; with GROUP > 1 they are per block)
         slope, seed = head_scalars(Slopes, Seeds, b * H + kv_h, ALIBI, DROP_THRESHOLD)
-    mbarrier.wait(kv_bar, 0)
+    mbarrier.wait(kv_bar, kv_phase)
     for i in range(n_iters):
-        s = i % STAGES
-        phase = (i // STAGES) & 1
+        s = (ring + i) % STAGES
+        phase = ((ring + i) // STAGES) & 1
         h, start_m = _query_block(i, begin, kv_h, GROUP, BLOCK_M)
         q = q_smem.index(s)
         do = do_smem.index(s)
@@ -155,7 +199,33 @@ def _consume(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_
     fence_async_shared()
     tma_store(dk_desc, [kv_row + HALF * ROWS, kv_col], k)
     tma_store(dv_desc, [kv_row + HALF * ROWS, kv_col], v)
-    tma.store_wait(0)
+    tma.store_wait(0)  # (and so a persistent program may release the buffers: _consume_tiles)
+
+
+
+
+@gluon.jit
+def _consume_tiles(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc, dv_desc, ds_desc, Slopes,
+                   Seeds, kv_bar, kv_empty, q_ready, do_ready, empty, n_n, n_rows, ds_rows, seq_q, seq_k, lo_off,
+                   hi_off, sm_scale, softcap, keep_scale, HALF: gl.constexpr, H: gl.constexpr, KV_H: gl.constexpr,
+                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr,
+                   SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, DS: gl.constexpr,
+                   DS_BAND: gl.constexpr):
+    """A persistent program's consumer group: its tiles one after another (whole blocks: masked only by a band),
+    tile r's keys in buffer pair r % 2, released (kv_empty) once this group's dK and dV have left it."""
+    ring = 0
+    for r in range(persistent_rounds(n_n * n_rows)):
+        start_n, bh = _key_tile(r, n_n, n_rows)
+        b, kv_h, begin, full_begin, full_end, n_iters = _key_span(start_n, bh, seq_q, seq_k, lo_off, hi_off, KV_H,
+                                                                  H // KV_H, BLOCK_M, BANDED)
+        _consume_tile(k_smem.index(2 * (r % 2) + HALF), v_smem.index(2 * (r % 2) + HALF), q_smem, do_smem, lse_smem,
+                      delta_smem, ds_smem, dk_desc, dv_desc, ds_desc, Slopes, Seeds, kv_bar.index(r % 2),
+                      (r // 2) & 1, q_ready, do_ready, empty, b, kv_h, b * seq_k + start_n, kv_h * HEAD_DIM, start_n,
+                      begin, full_begin, full_end, n_iters, ring, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale,
+                      softcap, keep_scale, HALF, H, H // KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED, BANDED, SOFTCAP,
+                      ALIBI, DROP_THRESHOLD, DS, DS_BAND)
+        mbarrier.arrive(kv_empty.index(r % 2))  # after _consume_tile's store_wait: its dK and dV have left
+        ring += n_iters
 
 
 @gluon.jit
@@ -164,75 +234,110 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softc
                        BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr,
                        ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, EVEN: gl.constexpr, DS: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr,
-                       DS_BAND: gl.constexpr = False, GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS):
+                       DS_BAND: gl.constexpr = False, GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS,
+                       N_ROWS: gl.constexpr = 0):
     """bwd.attn_bwd_dkdv's arguments of the same names; grid (cdiv(seq_k, 128), batch * KV_H). Lse and Delta are
     (batch, H, lse_len), lse_len a multiple of 4: a TMA tile must start 16-byte aligned (one that did not stopped
     the H200 with an illegal instruction), so the caller pads them where seq_q is not. EVEN: seq_q a
     multiple of BLOCK_M and seq_k of 128 (else the ragged blocks are masked). dS: the workspace (DS; bwd.ds_tiles
-    with 128-key rows), else a placeholder. CONSUMER_REGS: registers per thread of the second consumer group."""
+    with 128-key rows), else a placeholder. CONSUMER_REGS: registers per thread of the second consumer group.
+    N_ROWS > 0: persistent, grid (programs, 1), over the key blocks of N_ROWS = batch * KV_H rows (EVEN: one
+    descriptor per tensor serves every tile; _launch.gluon_programs): the descriptors made once, the ring carried
+    across tiles, two tiles' K and V buffers so that the next tile's load while a tile runs (the tiled program pays
+    its nine descriptors, its K / V load and its pipeline's fill, and its dK / dV store, alone on its SM)."""
+    gl.static_assert(N_ROWS == 0 or EVEN, "a persistent grid takes whole blocks")
     BLOCK_N: gl.constexpr = 2 * ROWS
     GROUP: gl.constexpr = H // KV_H
-    i, bh = tile_order(BANDED, GROUP_PROGRAMS)
-    start_n = i * BLOCK_N  # causal: key block 0 sees the most queries, and goes first
-    b = bh // KV_H
-    kv_h = bh % KV_H
-    k_desc = tiles(K, b, seq_k, KV_H * HEAD_DIM, ROWS, HEAD_DIM)
-    v_desc = tiles(V, b, seq_k, KV_H * HEAD_DIM, ROWS, HEAD_DIM)
-    dk_desc = tiles(dK, b, seq_k, KV_H * HEAD_DIM, ROWS, HEAD_DIM)
-    dv_desc = tiles(dV, b, seq_k, KV_H * HEAD_DIM, ROWS, HEAD_DIM)
-    q_desc = tiles(Q, b, seq_q, H * HEAD_DIM, BLOCK_M, HEAD_DIM)
-    do_desc = tiles(dOut, b, seq_q, H * HEAD_DIM, BLOCK_M, HEAD_DIM)
-    lse_desc = _rows(Lse, (b + 1) * H * lse_len, BLOCK_M)
-    delta_desc = _rows(Delta, (b + 1) * H * lse_len, BLOCK_M)
+    KV_BUF: gl.constexpr = 2 if N_ROWS > 0 else 1  # tiles' K / V buffer pairs
+    if N_ROWS > 0:
+        last = N_ROWS // KV_H - 1  # descriptors over the whole batch
+        start_n = 0
+        bh = 0
+    else:
+        i, bh = tile_order(BANDED, GROUP_PROGRAMS)
+        start_n = i * BLOCK_N  # causal: key block 0 sees the most queries, and goes first
+        last = bh // KV_H
+    k_desc = tiles(K, last, seq_k, KV_H * HEAD_DIM, ROWS, HEAD_DIM)
+    v_desc = tiles(V, last, seq_k, KV_H * HEAD_DIM, ROWS, HEAD_DIM)
+    dk_desc = tiles(dK, last, seq_k, KV_H * HEAD_DIM, ROWS, HEAD_DIM)
+    dv_desc = tiles(dV, last, seq_k, KV_H * HEAD_DIM, ROWS, HEAD_DIM)
+    q_desc = tiles(Q, last, seq_q, H * HEAD_DIM, BLOCK_M, HEAD_DIM)
+    do_desc = tiles(dOut, last, seq_q, H * HEAD_DIM, BLOCK_M, HEAD_DIM)
+    lse_desc = _rows(Lse, (last + 1) * H * lse_len, BLOCK_M)
+    delta_desc = _rows(Delta, (last + 1) * H * lse_len, BLOCK_M)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     ds_rows = 0
     ds_desc = k_desc  # a placeholder where not DS (never stored to)
     if DS:
         ds_rows, ds_cols = ds_shape(seq_q, seq_k, lo_off, hi_off, BLOCK_N, DS_BAND)
-        ds_desc = tma.make_tensor_descriptor(dS, [(b + 1) * H * ds_rows, ds_cols], [ds_cols, 1], [ROWS, BLOCK_M],
+        ds_desc = tma.make_tensor_descriptor(dS, [(last + 1) * H * ds_rows, ds_cols], [ds_cols, 1], [ROWS, BLOCK_M],
                                              ds_layout)
     dtype: gl.constexpr = Q.dtype.element_ty
-    k_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], v_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [2 * KV_BUF, ROWS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2 * KV_BUF, ROWS, HEAD_DIM], v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], lse_desc.layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [2 if DS else 1, ROWS, BLOCK_M], ds_layout)
     bar: gl.constexpr = mbarrier.MBarrierLayout()
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], bar)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [KV_BUF, 1], bar)
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
-    mbarrier.init(kv_bar, count=1)
+    for t in gl.static_range(KV_BUF):
+        mbarrier.init(kv_bar.index(t), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(s), count=1)
         mbarrier.init(do_ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # released by both consumer groups
     fence_async_shared()
 
-    begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, 0, b, BLOCK_M, BLOCK_N,
-                                                    BANDED, False)
-    n_iters = gl.cdiv(end - begin, BLOCK_M) * GROUP
-    MAY_MASK: gl.constexpr = BANDED or not EVEN
-    kv_row = b * seq_k + start_n
-    kv_col = kv_h * HEAD_DIM
-    gl.warp_specialize([
-        (_consume, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem.index(0), dk_desc, dv_desc,
-                    ds_desc, Slopes, Seeds, kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin,
-                    full_begin, full_end, n_iters, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
-                    keep_scale, 0, H, GROUP, HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI,
-                    DROP_THRESHOLD, DS, DS_BAND)),
-        (_consume, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem.index(1 if DS else 0), dk_desc,
-                    dv_desc, ds_desc, Slopes, Seeds, kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col,
-                    start_n, begin, full_begin, full_end, n_iters, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale,
-                    softcap, keep_scale, 1, H, GROUP, HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI,
-                    DROP_THRESHOLD, DS, DS_BAND)),
-        (_loads, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
-                  delta_smem, kv_bar, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, begin, n_iters, seq_q,
-                  lse_len, H, GROUP, HEAD_DIM, BLOCK_M, STAGES)),
-    ], [4, 1], [CONSUMER_REGS, 24])
-    mbarrier.invalidate(kv_bar)
+    if N_ROWS > 0:
+        kv_empty = gl.allocate_shared_memory(gl.int64, [KV_BUF, 1], bar)  # released by both groups
+        for t in gl.static_range(KV_BUF):
+            mbarrier.init(kv_empty.index(t), count=2)
+        fence_async_shared()
+        n_n = gl.cdiv(seq_k, BLOCK_N)
+        gl.warp_specialize([
+            (_consume_tiles, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem.index(0), dk_desc,
+                              dv_desc, ds_desc, Slopes, Seeds, kv_bar, kv_empty, q_ready, do_ready, empty, n_n, N_ROWS,
+                              ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 0, H, KV_H,
+                              HEAD_DIM, BLOCK_M, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND)),
+            (_consume_tiles, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem.index(1 if DS else 0),
+                              dk_desc, dv_desc, ds_desc, Slopes, Seeds, kv_bar, kv_empty, q_ready, do_ready, empty,
+                              n_n, N_ROWS, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 1, H,
+                              KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND)),
+            (_loads_tiles, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
+                            lse_smem, delta_smem, kv_bar, kv_empty, q_ready, do_ready, empty, n_n, N_ROWS, seq_q, seq_k,
+                            lo_off, hi_off, lse_len, H, KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+        for t in gl.static_range(KV_BUF):
+            mbarrier.invalidate(kv_empty.index(t))
+    else:
+        b, kv_h, begin, full_begin, full_end, n_iters = _key_span(start_n, bh, seq_q, seq_k, lo_off, hi_off, KV_H,
+                                                                  GROUP, BLOCK_M, BANDED)
+        MAY_MASK: gl.constexpr = BANDED or not EVEN
+        kv_row = b * seq_k + start_n
+        kv_col = kv_h * HEAD_DIM
+        gl.warp_specialize([
+            (_consume_tile, (k_smem.index(0), v_smem.index(0), q_smem, do_smem, lse_smem, delta_smem,
+                             ds_smem.index(0), dk_desc, dv_desc, ds_desc, Slopes, Seeds, kv_bar.index(0), 0, q_ready,
+                             do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin, full_end, n_iters, 0,
+                             ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 0, H, GROUP,
+                             HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND)),
+            (_consume_tile, (k_smem.index(1), v_smem.index(1), q_smem, do_smem, lse_smem, delta_smem,
+                             ds_smem.index(1 if DS else 0), dk_desc, dv_desc, ds_desc, Slopes, Seeds, kv_bar.index(0),
+                             0, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin, full_end,
+                             n_iters, 0, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 1, H,
+                             GROUP, HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, DS,
+                             DS_BAND)),
+            (_load_tile, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
+                          lse_smem, delta_smem, 0, kv_bar.index(0), q_ready, do_ready, empty, b, kv_h, start_n, begin,
+                          n_iters, 0, seq_q, seq_k, lse_len, H, GROUP, HEAD_DIM, BLOCK_M, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+    for t in gl.static_range(KV_BUF):
+        mbarrier.invalidate(kv_bar.index(t))
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(q_ready.index(s))
         mbarrier.invalidate(do_ready.index(s))

@@ -264,6 +264,11 @@ SM90_GLUON_FWD_FP8_CANDIDATES = [
 # 2.320 / 2.133 / 2.140; 1 x 16384 14.45 / 13.21 / 13.25, causal 7.947 / 7.291 / 7.287; 16 x 1024 1.259 / 1.150 /
 # 1.139 (Triton rows 1.167), causal 0.981 / 0.925 / 0.939 (Triton rows 0.827). With dropout not measured: those calls
 # keep 64-query steps (the first row of the call's head dim and lengths that takes its dropout).
+# PERSISTENT (programs per SM; kernels/bwd_sm90.py N_ROWS): a persistent grid, descriptors made once, the ring and two
+# tiles' K / V buffers carried across tiles (sm90: 214 KB of shared memory at D 128), taken only where the call runs
+# persistent (_launch.gluon_programs with keys: whole blocks, balanced; narrow windows at any length), else the next
+# row. For the windows' short query loops (a tiled program's fixed cost: nine descriptors, K / V's load, the ring's
+# fill, dK / dV's store). No row has it yet: not measured (hopper_rows_sweep.py gluondkdvpersistent).
 SM90_GLUON_DKDV = [
     dict(head_dim=128, min_seq=0, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=True, dropout=True, num_warps=4),
     dict(head_dim=64, min_seq=4096, BLOCK_M=128, STAGES=2, CONSUMER_REGS=240, DS=False, dropout=False, num_warps=4),

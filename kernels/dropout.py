@@ -16,7 +16,7 @@ mixing) are lowbias32's (C. Wellons, hash-prospector). Statistics (benchmarks/dr
 4096 x 4096 at offsets up to 2^17): byte pairs at 12 lags along each axis (1 .. 1024, Fibonacci lags among
 them), diagonals, the corners of 2 x 2 squares (adjacent, up to 64 apart, random), and the masks of seeds one
 apart or with the high bit flipped show no dependence (chi-square tests, |z| < 3: dropout_stats.json).
-A probability is kept when its byte is >= THRESHOLD, in 1 .. 255: the rate is THRESHOLD / 256 (p rounded to a
+A probability is kept when its byte is >= THRESHOLD, in 1 .. 255: the drop rate is THRESHOLD / 256 (p rounded to a
 multiple of 1/256, jax_flash_amd/reference.py: dropout_threshold). reference.py mirrors this bit for bit (the
 xla implementation).
 

@@ -168,8 +168,9 @@ def _online(qk, m, l, q_idx, k_offsets, start_n, masked, seq_q, seq_k, lo_off, h
             seed, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
             DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr):
     """One key block's online-softmax step (fwd._fwd_block's) over keys start_n + k_offsets: (p, m, l, alpha);
-    dropout zeroes p after the row sum (the caller scales the output by keep_scale), its key columns drawn from
-    the block's start (dropout.keep_at's k_start: no add per column); fp8: p and l carry 2 ** P8_LOG2."""
+    dropout zeroes p after the row sum (the caller scales the output by keep_scale), its hash's key columns drawn
+    from the block's start (dropout.keep_at's k_start: the hash adds nothing per column; the mask's k_offsets +
+    start_n is needed only where the block is masked); fp8: p and l carry 2 ** P8_LOG2."""
     s, scale2, _ = block_scores(qk, q_idx, k_offsets + start_n, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
                                 slope, BANDED, MAY_MASK, SOFTCAP, ALIBI)
     m_new = gl.maximum(m, gl.max(s, axis=1) * scale2)

@@ -236,8 +236,8 @@ def case_cuda_gluon_dkdv():
         configs.SM90_GLUON_DKDV = shipped_dkdv
 
 
-def _backward_launches(d, statics, extras=None):
-    """The launches _launch.backward makes for an sm90 (2, 301, 4, d) bf16 call (recorded, not run)."""
+def _backward_launches(d, statics, extras=None, shape=(2, 301, 4)):
+    """The launches _launch.backward makes for an sm90 (*shape, d) bf16 call (recorded, not run)."""
     import jax.numpy as jnp
 
     from jax_flash_amd import _launch
@@ -249,8 +249,8 @@ def _backward_launches(d, statics, extras=None):
         launches.append(launch)
         return tuple(jnp.zeros(s.shape, s.dtype) for s in launch.out_shapes)
 
-    q = jnp.zeros((2, 301, 4, d), jnp.bfloat16)
-    lse = jnp.zeros((2, 4, 301), jnp.float32)
+    q = jnp.zeros((*shape, d), jnp.bfloat16)
+    lse = jnp.zeros((shape[0], shape[2], shape[1]), jnp.float32)
     _launch.backward(record, "sm90", q, q, q, q, lse, q, lse, extras or Operands(), statics=statics)
     return launches
 
@@ -297,7 +297,40 @@ def _gluon_dkdv_launches(cuda):
             # the workspace holds dS / keep_scale (kernels/dropout.py dropped_ds): dQ's scale carries keep_scale
             (dq,) = [one for one in launches if one.kernel.__name__ == "attn_bwd_dq_ds"]
             scale = dq.args[_launch._params(dq.kernel).index("sm_scale")]
-            assert scale == np.float32(statics.scale / (1 - rules.dropout_rate(0.1))), scale
+            assert np.isclose(scale, statics.scale / (1 - rules.dropout_rate(0.1)), rtol=1e-6, atol=0), scale
+
+
+def case_cuda_gluon_dkdv_persistent():
+    """The Gluon dK/dV's persistent grid (kernels/bwd_sm90.py N_ROWS; a row with PERSISTENT ahead of the tiled one, no
+    row ships it) as _launch.backward makes it: about one program per SM where the call runs persistent, the tiled
+    grid where it cannot (ragged); compiled for sm90: 12 warps, scratch, two tiles' K and V within shared memory."""
+    from jax_flash_amd import _launch
+    from jax_flash_amd.kernels import configs
+    from jax_flash_amd.rules import Band
+
+    fake_jax_triton(KernelWithScratch, 90)
+    cuda = CUDABackend(GPUTarget("cuda", 90, 32))
+    shipped = configs.SM90_GLUON_DKDV, _launch.compute_units
+    configs.SM90_GLUON_DKDV = [dict(r, min_seq=0, PERSISTENT=1) for r in shipped[0]] + shipped[0]
+    _launch.compute_units = lambda target: 132
+    try:
+        shared = {}
+        for d, shape, window, grid in ((128, (4, 4096, 16), (-1, -1), (132, 1)),
+                                       (128, (4, 4000, 16), (-1, -1), (32, 64)),
+                                       (128, (1, 16384, 16), (1024, 0), (132, 1)),
+                                       (64, (4, 4096, 32), (-1, -1), (132, 1))):
+            statics = _launch.Statics(d ** -0.5, Band.of(True, window, shape[1], shape[1]))
+            (launch,) = [one for one in _backward_launches(d, statics, shape=shape) if kf.is_gluon(one.kernel)]
+            n_rows = launch.constexprs.get("N_ROWS", 0)
+            assert launch.grid == grid and n_rows == (shape[0] * shape[2] if grid[1] == 1 else 0), launch
+            dtypes, scalars = _signature(launch)
+            kernel, _ = call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs, num_warps=4)
+            assert kernel.args[1] == 12 and kernel.args[7] > 0 and kernel.args[3] <= 227 * 1024, kernel.args[:4]
+            shared[d, bool(n_rows)] = kernel.args[3]
+        # a second pair of K / V buffers: 64 KiB (the barriers' bytes differ too)
+        assert 64 * 1024 - 64 <= shared[128, True] - shared[128, False] <= 64 * 1024 + 64, shared
+    finally:
+        configs.SM90_GLUON_DKDV, _launch.compute_units = shipped
 
 
 def case_cuda_gluon_dq():

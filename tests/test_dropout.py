@@ -104,7 +104,6 @@ def test_random_bytes_show_no_dependence():
     assert abs(z[worst]) < 6, (worst, z[worst])
 
 
-
 @triton.jit
 def _masks(Seeds, start_m, start_n, Plain, FromStart, THRESHOLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """keep's mask of one tile drawn two ways: from the global indices (dropout.keep), and as the Gluon forward

@@ -140,7 +140,84 @@ def test_every_gluon_dkdv_row_is_within_the_kernels_limits():
             assert _launch._gluon_row(configs.SM90_GLUON_DKDV, q, q, statics), (d, p)
     for row in configs.SM90_GLUON_DKDV:
         d, bm, stages = row["head_dim"], row["BLOCK_M"], row["STAGES"]
-        # K, V; the q and dO ring; dS^T staging (one buffer without DS); the lse and delta ring (fp32)
-        tiles = (2 * 128 * d + 2 * stages * bm * d + (2 if row["DS"] else 1) * 64 * bm) * 2 + 2 * stages * bm * 4
+        # K, V (two tiles' when PERSISTENT); the q and dO ring; dS^T staging (one buffer without DS); the lse and
+        # delta ring (fp32)
+        kv = 2 * 128 * d * (2 if row.get("PERSISTENT") else 1)
+        tiles = (kv + 2 * stages * bm * d + (2 if row["DS"] else 1) * 64 * bm) * 2 + 2 * stages * bm * 4
         assert tiles <= 227 * 1024, row
         assert bm in (64, 128) and row["num_warps"] == 4 and 24 < row["CONSUMER_REGS"] <= 256, row
+
+
+def _persistent_rows(monkeypatch, rows=None):
+    """Every Gluon dK/dV row (or `rows`) made PERSISTENT (one program per SM), from any length."""
+    monkeypatch.setattr(configs, "SM90_GLUON_DKDV", [dict(r, min_seq=0, PERSISTENT=1)
+                                                     for r in (rows or configs.SM90_GLUON_DKDV)])
+
+
+@pytest.mark.parametrize("case, persistent", [
+    (dict(shape=(4, 4096, 16, 128)), True),
+    (dict(shape=(4, 4096, 16, 128), causal=False), True),
+    (dict(shape=(4, 4096, 16, 128), kv_heads=4), False),  # causal over 16 rows: unbalanced (PERSISTENT_BALANCE)
+    (dict(shape=(4, 4096, 16, 128), kv_heads=4, causal=False), True),
+    (dict(shape=(4, 4000, 16, 128)), False),  # ragged queries: one descriptor cannot serve every tile
+    (dict(shape=(4, 4096, 16, 128), seq_k=4000, causal=False), False),  # ragged keys
+    (dict(shape=(1, 16384, 16, 128), window=(1024, 0)), True),  # narrow windows at any length
+    (dict(shape=(1, 131072, 16, 128)), False),  # causal beyond configs.PERSISTENT_BANDED_BLOCKS
+    (dict(shape=(4, 4096, 16, 128), dropout=0.1), True),
+])
+def test_which_backwards_run_the_gluon_dkdv_persistent(case, persistent, monkeypatch):
+    """A row with PERSISTENT runs a call persistent where _launch.persistent_programs allows its key blocks (whole
+    blocks, balanced, a band's rows not too long); where it does not, the next row (here none: the Triton rows)."""
+    _persistent_rows(monkeypatch)
+    assert bool(takes(monkeypatch, _launch.gluon_dkdv, key="PERSISTENT", **case)) == persistent
+    row = takes(monkeypatch, _launch.gluon_dkdv, key="head_dim", **case)
+    assert row == (128 if persistent else None), row
+
+
+def test_a_persistent_dkdv_row_gives_way_to_the_tiled_one(monkeypatch):
+    """A PERSISTENT row ahead of a tiled one: calls it cannot run persistent take the tiled row (_launch._gluon_row;
+    the launches and their grids: tests/kernel_factory_cases.py case_cuda_gluon_dkdv_persistent)."""
+    monkeypatch.setattr(configs, "SM90_GLUON_DKDV", [dict(configs.SM90_GLUON_DKDV[0], PERSISTENT=1)]
+                        + configs.SM90_GLUON_DKDV)
+    for shape, persistent in (((4, 4096, 16, 128), True), ((4, 4000, 16, 128), False)):
+        assert bool(takes(monkeypatch, _launch.gluon_dkdv, shape=shape, key="PERSISTENT")) == persistent
+        assert takes(monkeypatch, _launch.gluon_dkdv, shape=shape) == 128
+
+
+# whole blocks (the persistent grid takes no other) on 3 programs, so each runs several tiles: the ring and the two
+# K / V buffer pairs carried across tiles, tiles of unequal work, and tiles with no query step (cross-window: key
+# blocks no query sees), on the dS path and on seven products
+PERSISTENT_CASES = {
+    "full": dict(sq=512, sk=512),
+    "causal": dict(sq=512, sk=512, causal=True),
+    "cross-causal-more-keys": dict(sq=256, sk=640, causal=True),
+    "cross-causal-more-queries": dict(sq=640, sk=256, causal=True),
+    "cross-window": dict(sq=256, sk=768, window=(100, 20)),
+    "gqa-alibi-causal": dict(sq=384, sk=384, causal=True, h_kv=2, alibi=True),
+    "two-sided": dict(sq=640, sk=512, window=(60, 40)),
+    "banded-workspace": dict(sq=1152, sk=1152, window=(150, 0)),
+    "softcap-causal": dict(sq=512, sk=512, causal=True, softcap=20.0),
+    "dropout-causal": dict(sq=512, sk=512, causal=True, dropout=0.2),
+    "dropout-gqa": dict(sq=384, sk=384, h_kv=2, dropout=0.2),
+    "seven-products": dict(sq=512, sk=512, causal=True, ds=False),
+    "d64-causal": dict(sq=512, sk=512, causal=True, d=64),
+    "fp16-causal": dict(sq=512, sk=512, causal=True, dtype=jnp.float16),
+}
+
+
+@pytest.mark.parametrize("name", list(PERSISTENT_CASES))
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_gluon_persistent_dkdv(name, monkeypatch):
+    """The Gluon dK/dV's persistent grid (every row made PERSISTENT, dropout on, any balance) on 3 programs, against
+    float64."""
+    c = {"ds": None, "gluon_dq": False, **with_defaults(PERSISTENT_CASES[name])}
+    monkeypatch.setattr(configs, "SM90_GLUON_FWD", [])
+    monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
+    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))
+    monkeypatch.setattr(_launch, "compute_units", lambda target: 3)
+    ds = {} if c["ds"] is None else {"DS": c["ds"]}
+    _persistent_rows(monkeypatch, [dict(r, dropout=True, **ds) for r in configs.SM90_GLUON_DKDV])
+    grids = []
+    run_case(c, seed=37, grids=grids)
+    assert ("attn_bwd_dkdv_sm90", (3, 1)) in grids, grids
