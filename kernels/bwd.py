@@ -58,7 +58,7 @@ def kept_scaled(x, keep_scale, DROP_THRESHOLD: tl.constexpr):
 
 @triton.jit
 def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, start_m, start_n, seq_q, seq_k, lo_off,
-               hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed, q_ids, k_ids, keep_scale,
+               hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed, q_ids, k_ids,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
                POSITIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, LOAD_DELTA: tl.constexpr,
@@ -93,7 +93,7 @@ def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, st
 
 @triton.jit
 def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, hi, lo2, hi2, start_n, offs_n, seq_q,
-                seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, QSeg, k_ids, keep_scale,
+                seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, QSeg, k_ids,
                 H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
                 SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
@@ -127,7 +127,7 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
         q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS and MASKED)
         dk, dv = _dkdv_tile(dk, dv, k, v, q, do, lse2, 0.0, Delta, row0, offs_m, offs_n, start_m, start_n, seq_q,
                             seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed, q_ids, k_ids,
-                            keep_scale, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED,
+                            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED,
                             SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
                             POSITIONS=POSITIONS, DK=DK, DV=DV, LOAD_DELTA=True, ds_desc=ds_desc,
                             ds_row=(b * H + h) * ds_rows + start_n, STORE_DS=STORE_DS, DS_BAND=DS_BAND)
@@ -148,7 +148,7 @@ def _rows(Lse, Delta, row0, offs_m, seq_q):
 
 @triton.jit
 def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h, start_m, start_n, offs_n, seq_q,
-                    seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed, keep_scale, k_ids,
+                    seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed, k_ids,
                     ds_desc, ds_rows, H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
                     ALIBI: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr,
@@ -170,7 +170,7 @@ def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h, start_m, st
         q, do = _query_tiles(q_desc, do_desc, b * seq_q + start_m, h * HEAD_DIM)
     return _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, start_m, start_n, seq_q,
                       seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed,
-                      tl.zeros([BLOCK_M], tl.int32), k_ids, keep_scale, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                      tl.zeros([BLOCK_M], tl.int32), k_ids, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                       BANDED=BANDED, MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=False,
                       DROP_THRESHOLD=DROP_THRESHOLD,
                       POSITIONS=POSITIONS, DK=True, DV=True, LOAD_DELTA=False, ds_desc=ds_desc,
@@ -179,7 +179,7 @@ def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h, start_m, st
 
 @triton.jit
 def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, Seeds, b, h_kv, lo, hi, start_n, offs_n, seq_q,
-              seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, keep_scale, k_ids, ds_desc, ds_rows,
+              seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, k_ids, ds_desc, ds_rows,
               H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
               ALIBI: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr,
@@ -194,7 +194,7 @@ def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, Seeds, b, h_kv,
         for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
             dk, dv = _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h_kv, start_m, start_n,
                                      offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
-                                     slope, seed, keep_scale, k_ids, ds_desc, ds_rows, H=H, HEAD_DIM=HEAD_DIM,
+                                     slope, seed, k_ids, ds_desc, ds_rows, H=H, HEAD_DIM=HEAD_DIM,
                                      BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED, SOFTCAP=SOFTCAP,
                                      ALIBI=ALIBI, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS,
                                      STORE_DS=STORE_DS, DS_BAND=DS_BAND)
@@ -207,7 +207,7 @@ def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, Seeds, b, h_kv,
             seed = load_seed(Seeds, b * H + h, DROP_THRESHOLD)
             dk, dv = _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h,
                                      lo + i // GROUP * BLOCK_M, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag,
-                                     pos_q, pos_k, sm_scale, softcap, slope, seed, keep_scale, k_ids, ds_desc,
+                                     pos_q, pos_k, sm_scale, softcap, slope, seed, k_ids, ds_desc,
                                      ds_rows, H=H, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                                      BANDED=BANDED, MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
                                      DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, STORE_DS=STORE_DS,
@@ -255,14 +255,14 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
     if EDGES != 2:
         dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, full_begin, full_end,
                              full_end, full_end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
-                             sm_scale, softcap, QSeg, k_ids, keep_scale, MASKED=False, H=H, GROUP=GROUP,
+                             sm_scale, softcap, QSeg, k_ids, MASKED=False, H=H, GROUP=GROUP,
                              HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                              SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
                              POSITIONS=POSITIONS, DK=DK, DV=DV, ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS,
                              DS_BAND=DS_BAND)
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, begin, full_begin, full_end, end,
                          start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
-                         QSeg, k_ids, keep_scale, MASKED=True, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                         QSeg, k_ids, MASKED=True, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                          BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
                          SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, DK=DK, DV=DV,
                          ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS, DS_BAND=DS_BAND)
@@ -356,7 +356,7 @@ def _dkdv_tma_tile(start_n, bh, descriptors, Lse, Delta, Slopes, Seeds, QueryRan
         begin = full_begin
         end = full_end
     dk, dv = _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, Seeds, b, h_kv, begin, end, start_n,
-                       offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, keep_scale,
+                       offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
                        tl.zeros([BLOCK_N], tl.int32), ds_desc, ds_rows, H=H, GROUP=H // KV_H, HEAD_DIM=HEAD_DIM,
                        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                        MASKED=(BANDED or not QUERIES_EVEN) and EDGES != 1, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
@@ -429,7 +429,7 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
 @triton.jit
 def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, kv_row, kv_col, lo, hi, lo2, hi2, start_m,
               seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
-              keep_scale, STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
               POSITIONS: tl.constexpr, TMA: tl.constexpr):
@@ -517,13 +517,13 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, d
     # 4 descriptor words into place every iteration: AMD, issue 23)
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, k_desc, v_desc, kv_row, kv_col, start,
                    full_start, full_end, end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
-                   sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
+                   sm_scale, softcap, slope, q_ids, KSeg, b, seed,
                    MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
                    DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=USE_TMA)
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, k_desc, v_desc, kv_row, kv_col, full_start,
                    full_end, full_end, full_end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
-                   sm_scale, softcap, slope, q_ids, KSeg, b, seed, keep_scale,
+                   sm_scale, softcap, slope, q_ids, KSeg, b, seed,
                    MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
                    DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=USE_TMA)
