@@ -10,7 +10,7 @@ each checked against the shipped rows' result (benchmarks/results/NOTES.md, "Hop
                                                                    # gluonwindow, gluonbwd, gluondropout, gluondq,
                                                                    # gluonbwdwindow, gluonbwd64, gluonfp8,
                                                                    # pingpong, gluonwindowcarry,
-                                                                   # gluondkdvpersistent (all: SETS)
+                                                                   # gluondkdvpersistent, gluondkdvspans (all: SETS)
 
 A case swaps the row of one kernel ("fwd", "dq", "dkdv" or "dqds") and times the forward, or the whole backward
 (the other kernels keep their shipped rows, so a difference is the swapped kernel's; a row's "_with" entry
@@ -113,6 +113,8 @@ GLUON_WINDOW_CARRY = {"fwd": [_gluon(window=False)] + [_gluon(PERSISTENT=1, CARR
 GLUON_DKDV_PERSISTENT = {"dkdv": [_gluon_dkdv(PERSISTENT=1),
                                   dict(_limits=dict(PERSISTENT_BALANCE=float("inf"),
                                                     **_gluon_dkdv(PERSISTENT=1)["_limits"]))]}
+# SPANS (each consumer group skips the steps that see none of its keys; narrow windows only), tiled and persistent
+GLUON_DKDV_SPANS = {"dkdv": [_gluon_dkdv(SPANS=True), _gluon_dkdv(SPANS=True, PERSISTENT=1)]}
 # fp8 through the persistent Gluon forward (no PINGPONG; CARRY 0 / 1) against the default fp8 rows
 GLUON_FP8_PERSISTENT = {"fwd": [dict(_limits=dict(SM90_GLUON_FWD_FP8=[
     dict(r, min_seq=0, PINGPONG=False, PERSISTENT=1, CARRY=c) for r in configs.SM90_GLUON_FWD_FP8_CANDIDATES]))
@@ -340,6 +342,8 @@ SETS = {
     "gluondkdvpersistent": [((16384 // n, n, 16, 128), causal, (-1, -1), GLUON_DKDV_PERSISTENT)
                            for n in (1024, 4096, 16384) for causal in (False, True)]
                           + [((1, 16384, 16, 128), w[1] == 0, w, GLUON_DKDV_PERSISTENT) for w in ((1024, 0), (256, 256))],
+    "gluondkdvspans": [((1, 16384, 16, 128), w[1] == 0, w, GLUON_DKDV_SPANS) for w in ((1024, 0), (256, 256))]
+                      + [((4, 4096, 32, 64), True, (1024, 0), GLUON_DKDV_SPANS)],
     "gluonfp8persistent": [((16384 // n, n, h, d), causal, (-1, -1), GLUON_FP8_PERSISTENT)
                            for d, h in ((128, 16), (64, 32)) for n in (4096, 1024, 16384) for causal in (False, True)],
     "gluonfp8pingpong": [((16384 // n, n, 16, 128), False, (-1, -1), GLUON_FP8_PERSISTENT_PINGPONG)

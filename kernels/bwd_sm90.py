@@ -122,35 +122,105 @@ def _probs(st, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, sof
 
 
 @gluon.jit
+def _unseen(start_m, first_key, lo_off, hi_off, BLOCK_M: gl.constexpr, BANDED: gl.constexpr):
+    """Whether keys [first_key, first_key + ROWS) see none of queries [start_m, start_m + BLOCK_M) by the band
+    (masking.visible's bounds: query i sees key j if i + lo_off <= j <= i + hi_off, the sides BANDED bounds)."""
+    past_right = first_key > start_m + BLOCK_M - 1 + hi_off
+    before_left = first_key + ROWS - 1 < start_m + lo_off
+    if BANDED == 3:
+        return past_right | before_left
+    elif BANDED == 1:
+        return past_right
+    elif BANDED == 2:
+        return before_left
+    else:
+        return False
+
+
+@gluon.jit
+def _step(k, v, q, do, lse_smem, delta_smem, s, ds_smem, ds_desc, do_ready, phase, dk, dv, zeros, k_idx, m_range,
+          Slopes, Seeds, slope, seed, b, h, start_m, start_n, full_begin, full_end, ds_rows, seq_q, seq_k, lo_off,
+          hi_off, sm_scale, softcap, HALF: gl.constexpr, H: gl.constexpr, GROUP: gl.constexpr, BANDED: gl.constexpr,
+          MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr,
+          DS: gl.constexpr, DS_BAND: gl.constexpr):
+    """One query step of _consume_tile (q's tile already in; the ring's stage s): S^T and dP^T issued together, P^T
+    while dP^T runs, dV += P^T dO issued and dS^T beside it, dK += dS^T q; (dk, dv) once both products are done.
+    slope, seed: the query head's (GROUP 1), else loaded here for head h. (The stage's buffers are indexed here, not
+    by the caller: indexed before the call, the loop with dropout was 61 instructions longer, sm90 SASS.)"""
+    s_layout: gl.constexpr = zeros.type.layout
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
+    dtype: gl.constexpr = k.dtype
+    st = warpgroup_mma(k, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
+    mbarrier.wait(do_ready.index(s), phase)
+    dpt = warpgroup_mma(v, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
+    st = warpgroup_mma_wait(1, deps=(st,))  # S^T is in, dP^T runs on
+    if GROUP > 1:
+        slope, seed = head_scalars(Slopes, Seeds, b * H + h, ALIBI, DROP_THRESHOLD)
+    lse = lse_smem.index(s).load(col_layout)
+    lse = gl.where(lse == float("-inf"), float("inf"), lse)  # bwd._seen: rows that see no key get P = 0
+    q_idx = gl.expand_dims(start_m + m_range, 0)
+    p, dlogit = _probs(st, q_idx, k_idx, (start_m < full_begin) | (start_m >= full_end), seq_q, seq_k, lo_off,
+                       hi_off, sm_scale, softcap, slope, gl.expand_dims(lse, 0), BANDED, MAY_MASK, SOFTCAP, ALIBI)
+    p_kept = p  # dV's P: P keep (keep_scale on dV at the end)
+    if DROP_THRESHOLD > 0:
+        p_kept = gl.where(keep_at(seed, q_idx, k_idx, DROP_THRESHOLD), p, 0.0)
+    pb = gl.convert_layout(p_kept.to(dtype), op_layout)
+    dv = warpgroup_mma(pb, do, dv, is_async=True)
+    dpt, pb = warpgroup_mma_wait(1, deps=(dpt, pb))
+    delta = delta_smem.index(s).load(col_layout)
+    ds = dropped_ds(p, dpt, gl.expand_dims(delta, 0), p_kept, DROP_THRESHOLD)  # P keep: dropout.dropped_ds
+    if SOFTCAP:
+        ds = ds * dlogit  # through softcap's tanh
+    dsb = ds.to(dtype)
+    if DS:
+        tma.store_wait(0)  # the previous block's dS^T has left the staging buffer
+        ds_smem.store(dsb)
+        fence_async_shared()
+        tma_store(ds_desc, [(b * H + h) * ds_rows + start_n + HALF * ROWS, ds_col(start_m, start_n, hi_off,
+                                                                                  DS_BAND)], ds_smem)
+    dsb = gl.convert_layout(dsb, op_layout)
+    dk = warpgroup_mma(dsb, q, dk, is_async=True)
+    # waited here, not after the next block's S^T: dK in flight across blocks serialised every product (ptxas
+    # C7512, registers; the other group's products fill the tensor cores meanwhile)
+    dv, dk, dsb = warpgroup_mma_wait(0, deps=(dv, dk, dsb))
+    return dk, dv
+
+
+@gluon.jit
 def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc, dv_desc, ds_desc, Slopes, Seeds,
                   kv_bar, kv_phase, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin,
                   full_end, n_iters, ring, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale,
                   HALF: gl.constexpr, H: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr,
                   STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr,
-                  ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, DS: gl.constexpr, DS_BAND: gl.constexpr):
+                  ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, DS: gl.constexpr, DS_BAND: gl.constexpr,
+                  SPANS: gl.constexpr):
     """Keys [start_n + HALF * ROWS, + ROWS) (k, v: their buffers, on kv_bar at parity kv_phase; dK's and dV's rows
     from kv_row, columns from kv_col: passed, not computed here, the tiled loop is 6 instructions shorter, sm90 SASS):
-    dK and dV over the
-    tile's query steps (from the ring's position `ring`), masked outside [full_begin, full_end). Dropout
-    (DROP_THRESHOLD > 0) as bwd._dkdv_tile's: P keep for dV, and dS / keep_scale (dropout.dropped_ds), keep_scale on
-    dK and dV once at the end; the mask regenerated from the query head's seed (dropout.keep_at)."""
+    dK and dV over the tile's query steps (from the ring's position `ring`), masked outside [full_begin, full_end).
+    Dropout (DROP_THRESHOLD > 0) as bwd._dkdv_tile's: P keep for dV, and dS / keep_scale (dropout.dropped_ds),
+    keep_scale on dK and dV once at the end; the mask regenerated from the query head's seed (dropout.keep_at).
+    SPANS: a step whose queries see none of this group's keys (_unseen: a band's first or last step of the tile for
+    one of the two groups) is passed over: no product, no dS^T stored (attn_bwd_dq_ds selects such pairs away: they
+    lie in its masked blocks). A window (1024, 0) skips 1 of each group's 18 steps; sm90 SASS per step, D 128:
+    window 616 / 722 -> 578 / 584, but causal 497 / 532 -> 494 / 655 (_launch._dkdv_gluon: narrow windows only)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     dtype: gl.constexpr = k.dtype
     k_idx = gl.expand_dims(start_n + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout)), 1)
-    m_range = gl.arange(0, BLOCK_M, layout=col_layout)
+    m_range = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
     zeros = gl.zeros([ROWS, BLOCK_M], gl.float32, s_layout)
     dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
     if GROUP == 1:  # one query head: its slope and seed once, so the seed's mixing (two loads and ~33 uniform
         # operations) and the key rows' share of dropout's hash can leave the loop (ptxas hoists them: sm90 SASS,
-        # NOTES "Twenty-sixth session"; with GROUP > 1 they are per block)
+        # NOTES "Twenty-sixth session"; with GROUP > 1 they are per block: _step)
         slope, seed = head_scalars(Slopes, Seeds, b * H + kv_h, ALIBI, DROP_THRESHOLD)
+    else:
+        slope, seed = 0.0, 0
     mbarrier.wait(kv_bar, kv_phase)
     for i in range(n_iters):
         s = (ring + i) % STAGES
@@ -159,39 +229,16 @@ def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc,
         q = q_smem.index(s)
         do = do_smem.index(s)
         mbarrier.wait(q_ready.index(s), phase)
-        st = warpgroup_mma(k, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        mbarrier.wait(do_ready.index(s), phase)
-        dpt = warpgroup_mma(v, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        st = warpgroup_mma_wait(1, deps=(st,))  # S^T is in, dP^T runs on
-        if GROUP > 1:
-            slope, seed = head_scalars(Slopes, Seeds, b * H + h, ALIBI, DROP_THRESHOLD)
-        lse = lse_smem.index(s).load(col_layout)
-        lse = gl.where(lse == float("-inf"), float("inf"), lse)  # bwd._seen: rows that see no key get P = 0
-        q_idx = gl.expand_dims(start_m + m_range, 0)
-        p, dlogit = _probs(st, q_idx, k_idx, (start_m < full_begin) | (start_m >= full_end), seq_q, seq_k, lo_off,
-                           hi_off, sm_scale, softcap, slope, gl.expand_dims(lse, 0), BANDED, MAY_MASK, SOFTCAP, ALIBI)
-        p_kept = p  # dV's P: P keep (keep_scale on dV at the end)
-        if DROP_THRESHOLD > 0:
-            p_kept = gl.where(keep_at(seed, q_idx, k_idx, DROP_THRESHOLD), p, 0.0)
-        pb = gl.convert_layout(p_kept.to(dtype), op_layout)
-        dv = warpgroup_mma(pb, do, dv, is_async=True)
-        dpt, pb = warpgroup_mma_wait(1, deps=(dpt, pb))
-        delta = delta_smem.index(s).load(col_layout)
-        ds = dropped_ds(p, dpt, gl.expand_dims(delta, 0), p_kept, DROP_THRESHOLD)  # P keep: dropout.dropped_ds
-        if SOFTCAP:
-            ds = ds * dlogit  # through softcap's tanh
-        dsb = ds.to(dtype)
-        if DS:
-            tma.store_wait(0)  # the previous block's dS^T has left the staging buffer
-            ds_smem.store(dsb)
-            fence_async_shared()
-            tma_store(ds_desc, [(b * H + h) * ds_rows + start_n + HALF * ROWS, ds_col(start_m, start_n, hi_off,
-                                                                                      DS_BAND)], ds_smem)
-        dsb = gl.convert_layout(dsb, op_layout)
-        dk = warpgroup_mma(dsb, q, dk, is_async=True)
-        # waited here, not after the next block's S^T: dK in flight across blocks serialised every product (ptxas
-        # C7512, registers; the other group's products fill the tensor cores meanwhile)
-        dv, dk, dsb = warpgroup_mma_wait(0, deps=(dv, dk, dsb))
+        skip = False
+        if SPANS:
+            skip = _unseen(start_m, start_n + HALF * ROWS, lo_off, hi_off, BLOCK_M, BANDED)
+        if skip:  # each phase is still waited for: a wait for parity p passes while the phase before is pending
+            mbarrier.wait(do_ready.index(s), phase)
+        else:
+            dk, dv = _step(k, v, q, do, lse_smem, delta_smem, s, ds_smem, ds_desc, do_ready, phase, dk, dv, zeros,
+                           k_idx, m_range, Slopes, Seeds, slope, seed, b, h, start_m, start_n, full_begin, full_end,
+                           ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, HALF, H, GROUP, BANDED, MAY_MASK,
+                           SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND)
         mbarrier.arrive(empty.index(s))
     # K's and V's buffers are free now (this group's products are done): dK and dV leave through them
     k.store(kept_scaled(dk * sm_scale, keep_scale, DROP_THRESHOLD).to(dtype))
@@ -210,7 +257,7 @@ def _consume_tiles(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_sme
                    hi_off, sm_scale, softcap, keep_scale, HALF: gl.constexpr, H: gl.constexpr, KV_H: gl.constexpr,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr,
                    SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, DS: gl.constexpr,
-                   DS_BAND: gl.constexpr):
+                   DS_BAND: gl.constexpr, SPANS: gl.constexpr):
     """A persistent program's consumer group: its tiles one after another (whole blocks: masked only by a band),
     tile r's keys in buffer pair r % 2, released (kv_empty) once this group's dK and dV have left it."""
     ring = 0
@@ -223,7 +270,7 @@ def _consume_tiles(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_sme
                       (r // 2) & 1, q_ready, do_ready, empty, b, kv_h, b * seq_k + start_n, kv_h * HEAD_DIM, start_n,
                       begin, full_begin, full_end, n_iters, ring, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale,
                       softcap, keep_scale, HALF, H, H // KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED, BANDED, SOFTCAP,
-                      ALIBI, DROP_THRESHOLD, DS, DS_BAND)
+                      ALIBI, DROP_THRESHOLD, DS, DS_BAND, SPANS)
         mbarrier.arrive(kv_empty.index(r % 2))  # after _consume_tile's store_wait: its dK and dV have left
         ring += n_iters
 
@@ -235,12 +282,13 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softc
                        ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, EVEN: gl.constexpr, DS: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr,
                        DS_BAND: gl.constexpr = False, GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS,
-                       N_ROWS: gl.constexpr = 0):
+                       N_ROWS: gl.constexpr = 0, SPANS: gl.constexpr = False):
     """bwd.attn_bwd_dkdv's arguments of the same names; grid (cdiv(seq_k, 128), batch * KV_H). Lse and Delta are
     (batch, H, lse_len), lse_len a multiple of 4: a TMA tile must start 16-byte aligned (one that did not stopped
     the H200 with an illegal instruction), so the caller pads them where seq_q is not. EVEN: seq_q a
     multiple of BLOCK_M and seq_k of 128 (else the ragged blocks are masked). dS: the workspace (DS; bwd.ds_tiles
-    with 128-key rows), else a placeholder. CONSUMER_REGS: registers per thread of the second consumer group.
+    with 128-key rows), else a placeholder. CONSUMER_REGS: registers per thread of the second consumer group. SPANS:
+    each consumer group passes over the query steps that see none of its 64 keys (_consume_tile).
     N_ROWS > 0: persistent, grid (programs, 1), over the key blocks of N_ROWS = batch * KV_H rows (EVEN: one
     descriptor per tensor serves every tile; _launch.gluon_programs): the descriptors made once, the ring carried
     across tiles, two tiles' K and V buffers so that the next tile's load while a tile runs (the tiled program pays
@@ -303,11 +351,13 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softc
             (_consume_tiles, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem.index(0), dk_desc,
                               dv_desc, ds_desc, Slopes, Seeds, kv_bar, kv_empty, q_ready, do_ready, empty, n_n, N_ROWS,
                               ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 0, H, KV_H,
-                              HEAD_DIM, BLOCK_M, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND)),
+                              HEAD_DIM, BLOCK_M, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND,
+                              SPANS)),
             (_consume_tiles, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem.index(1 if DS else 0),
                               dk_desc, dv_desc, ds_desc, Slopes, Seeds, kv_bar, kv_empty, q_ready, do_ready, empty,
                               n_n, N_ROWS, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 1, H,
-                              KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND)),
+                              KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND,
+                              SPANS)),
             (_loads_tiles, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                             lse_smem, delta_smem, kv_bar, kv_empty, q_ready, do_ready, empty, n_n, N_ROWS, seq_q, seq_k,
                             lo_off, hi_off, lse_len, H, KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED)),
@@ -325,13 +375,14 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softc
                              ds_smem.index(0), dk_desc, dv_desc, ds_desc, Slopes, Seeds, kv_bar.index(0), 0, q_ready,
                              do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin, full_end, n_iters, 0,
                              ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 0, H, GROUP,
-                             HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND)),
+                             HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND,
+                             SPANS)),
             (_consume_tile, (k_smem.index(1), v_smem.index(1), q_smem, do_smem, lse_smem, delta_smem,
                              ds_smem.index(1 if DS else 0), dk_desc, dv_desc, ds_desc, Slopes, Seeds, kv_bar.index(0),
                              0, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin, full_end,
                              n_iters, 0, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 1, H,
                              GROUP, HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, DS,
-                             DS_BAND)),
+                             DS_BAND, SPANS)),
             (_load_tile, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                           lse_smem, delta_smem, 0, kv_bar.index(0), q_ready, do_ready, empty, b, kv_h, start_n, begin,
                           n_iters, 0, seq_q, seq_k, lse_len, H, GROUP, HEAD_DIM, BLOCK_M, STAGES)),

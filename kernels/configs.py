@@ -269,6 +269,8 @@ SM90_GLUON_FWD_FP8_CANDIDATES = [
 # persistent (_launch.gluon_programs with keys: whole blocks, balanced; narrow windows at any length), else the next
 # row. For the windows' short query loops (a tiled program's fixed cost: nine descriptors, K / V's load, the ring's
 # fill, dK / dV's store). No row has it yet: not measured (hopper_rows_sweep.py gluondkdvpersistent).
+# SPANS: each consumer group passes over the query steps that see none of its keys (narrow windows only:
+# _launch._dkdv_gluon; 1 of each group's 18 steps at (1024, 0)). No row has it yet (gluondkdvspans).
 SM90_GLUON_DKDV = [
     dict(head_dim=128, min_seq=0, BLOCK_M=64, STAGES=2, CONSUMER_REGS=240, DS=True, dropout=True, num_warps=4),
     dict(head_dim=64, min_seq=4096, BLOCK_M=128, STAGES=2, CONSUMER_REGS=240, DS=False, dropout=False, num_warps=4),

@@ -327,6 +327,14 @@ def case_cuda_gluon_dkdv_persistent():
             kernel, _ = call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs, num_warps=4)
             assert kernel.args[1] == 12 and kernel.args[7] > 0 and kernel.args[3] <= 227 * 1024, kernel.args[:4]
             shared[d, bool(n_rows)] = kernel.args[3]
+        # SPANS (kernels/bwd_sm90.py _consume_tile): narrow windows only, persistent and tiled
+        configs.SM90_GLUON_DKDV = [dict(r, min_seq=0, SPANS=True, PERSISTENT=p) for p in (1, 0) for r in shipped[0]]
+        for d, shape, window, spans in ((128, (1, 16384, 16), (1024, 0), True), (128, (2, 1000, 4), (100, 37), True),
+                                        (128, (1, 4096, 16), (-1, -1), False), (64, (4, 4096, 32), (256, 256), True)):
+            statics = _launch.Statics(d ** -0.5, Band.of(True, window, shape[1], shape[1]))
+            (launch,) = [one for one in _backward_launches(d, statics, shape=shape) if kf.is_gluon(one.kernel)]
+            assert launch.constexprs["SPANS"] == spans, launch.constexprs
+            _compiles(launch, cuda, "attn_bwd_dkdv_sm90")
         # a second pair of K / V buffers: 64 KiB (the barriers' bytes differ too)
         assert 64 * 1024 - 64 <= shared[128, True] - shared[128, False] <= 64 * 1024 + 64, shared
     finally:

@@ -221,3 +221,44 @@ def test_gluon_persistent_dkdv(name, monkeypatch):
     grids = []
     run_case(c, seed=37, grids=grids)
     assert ("attn_bwd_dkdv_sm90", (3, 1)) in grids, grids
+
+
+# narrow windows with SPANS (each consumer group passes over the steps that see none of its keys; the dS path's dQ
+# selects the tiles left unwritten away): two-sided, left-bounded, cross lengths, a banded workspace, D 64, ragged
+SPANS_CASES = {
+    "two-sided": dict(sq=640, sk=640, window=(100, 37)),
+    "left": dict(sq=1100, sk=1100, window=(300, 0)),
+    "cross": dict(sq=450, sk=700, window=(60, 40)),
+    "banded-workspace": dict(sq=1152, sk=1152, window=(150, 0)),
+    "gqa-alibi": dict(sq=512, sk=512, window=(64, 64), h_kv=2, alibi=True),
+    "seven-products": dict(sq=512, sk=512, window=(100, 0), ds=False),
+    "d64": dict(sq=700, sk=700, window=(100, 37), d=64),
+}
+
+
+@pytest.mark.parametrize("persistent", [0, 1])
+@pytest.mark.parametrize("name", list(SPANS_CASES))
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_gluon_dkdv_spans(name, persistent, monkeypatch):
+    """The Gluon dK/dV with every row's SPANS (and PERSISTENT where whole blocks let it run so, on 3 programs),
+    against float64."""
+    c = {"ds": None, "gluon_dq": False, **with_defaults(SPANS_CASES[name])}
+    monkeypatch.setattr(configs, "SM90_GLUON_FWD", [])
+    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))
+    monkeypatch.setattr(_launch, "compute_units", lambda target: 3)
+    ds = {} if c["ds"] is None else {"DS": c["ds"]}
+    monkeypatch.setattr(configs, "SM90_GLUON_DKDV", [dict(r, min_seq=0, SPANS=True, PERSISTENT=persistent, **ds)
+                                                     for r in configs.SM90_GLUON_DKDV])
+    launches = []
+    real = _launch._launch
+
+    def record(kernel, *args, **kw):
+        launch = real(kernel, *args, **kw)
+        if kernel.__name__ == "attn_bwd_dkdv_sm90":
+            launches.append(launch.constexprs)
+        return launch
+
+    monkeypatch.setattr(_launch, "_launch", record)
+    run_case(c, seed=41)
+    assert launches and all(one["SPANS"] for one in launches), launches
