@@ -108,13 +108,21 @@ GLUON_CARRY = {"fwd": [_gluon(PERSISTENT=1, CARRY=0), _gluon(PERSISTENT=1, CARRY
 # against the "+window" Triton rows (every row's `window` off): short key loops are where a carried change of tile
 # should pay most
 GLUON_WINDOW_CARRY = {"fwd": [_gluon(window=False)] + [_gluon(PERSISTENT=1, CARRY=c, window=True) for c in (0, 1)]}
-# the Gluon dK/dV persistent (kernels/bwd_sm90.py N_ROWS): every row made PERSISTENT (by the balance rule, and at any
-# balance) against the tiled grid (the default)
-GLUON_DKDV_PERSISTENT = {"dkdv": [_gluon_dkdv(PERSISTENT=1),
-                                  dict(_limits=dict(PERSISTENT_BALANCE=float("inf"),
-                                                    **_gluon_dkdv(PERSISTENT=1)["_limits"]))]}
+# the Gluon dK/dV persistent (kernels/bwd_sm90.py N_ROWS): every row made PERSISTENT ahead of the tiled rows (calls it
+# cannot run persistent fall through to them), by the balance rule and at any balance (and banded rows of any length),
+# against the tiled grid (the default)
+def _gluon_dkdv_persistent(**limits):
+    rows = [dict(r, PERSISTENT=1) for r in configs.SM90_GLUON_DKDV] + configs.SM90_GLUON_DKDV
+    return dict(_limits=dict(SM90_GLUON_DKDV=rows, **limits))
+
+
+GLUON_DKDV_PERSISTENT = {"dkdv": [_gluon_dkdv_persistent(),
+                                  _gluon_dkdv_persistent(PERSISTENT_BALANCE=float("inf"),
+                                                         PERSISTENT_BANDED_BLOCKS=2 ** 30)]}
 # SPANS (each consumer group skips the steps that see none of its keys; narrow windows only), tiled and persistent
-GLUON_DKDV_SPANS = {"dkdv": [_gluon_dkdv(SPANS=True), _gluon_dkdv(SPANS=True, PERSISTENT=1)]}
+GLUON_DKDV_SPANS = {"dkdv": [_gluon_dkdv(SPANS=True),
+                             dict(_limits=dict(SM90_GLUON_DKDV=[dict(r, SPANS=True, PERSISTENT=p) for p in (1, 0)
+                                                                for r in configs.SM90_GLUON_DKDV]))]}
 # fp8 through the persistent Gluon forward (no PINGPONG; CARRY 0 / 1) against the default fp8 rows
 GLUON_FP8_PERSISTENT = {"fwd": [dict(_limits=dict(SM90_GLUON_FWD_FP8=[
     dict(r, min_seq=0, PINGPONG=False, PERSISTENT=1, CARRY=c) for r in configs.SM90_GLUON_FWD_FP8_CANDIDATES]))

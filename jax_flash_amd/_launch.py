@@ -541,6 +541,8 @@ def _dkdv_gluon(run: Run, q, k, v, dout, lse2, delta, extras: Operands, statics:
     # a row's SPANS (kernels/bwd_sm90.py _consume_tile) for narrow windows only: their groups skip 1 of ~18 steps,
     # while a causal call's skip the diagonal's step at a longer loop (sm90 SASS)
     constexprs["SPANS"] = bool(blocks.get("SPANS")) and statics.band.narrow(configs.NARROW_WINDOW)
+    # (on the dS path by heads, a launch per head group: its slice may run tiled where the whole call would not, the
+    # row's other settings the same)
     programs = gluon_programs(blocks, q, k, statics, keys=True)
     constexprs.update(DS=ds, EVEN=sq % blocks["BLOCK_M"] == 0 and sk % blocks["BLOCK_N"] == 0,
                       **_ds_band(statics.band, sq, ds))

@@ -138,7 +138,7 @@ def test_every_gluon_dkdv_row_is_within_the_kernels_limits():
             q = jax.ShapeDtypeStruct((1, 1 << 20, 1, d), jnp.bfloat16)
             statics = _launch.Statics(1.0, Band.of(False, (-1, -1), 1, 1), dropout_p=p)
             assert _launch._gluon_row(configs.SM90_GLUON_DKDV, q, q, statics), (d, p)
-    for row in configs.SM90_GLUON_DKDV:
+    for row in configs.SM90_GLUON_DKDV + [dict(r, PERSISTENT=1) for r in configs.SM90_GLUON_DKDV]:
         d, bm, stages = row["head_dim"], row["BLOCK_M"], row["STAGES"]
         # K, V (two tiles' when PERSISTENT); the q and dO ring; dS^T staging (one buffer without DS); the lse and
         # delta ring (fp32)
@@ -193,6 +193,8 @@ PERSISTENT_CASES = {
     "cross-causal-more-keys": dict(sq=256, sk=640, causal=True),
     "cross-causal-more-queries": dict(sq=640, sk=256, causal=True),
     "cross-window": dict(sq=256, sk=768, window=(100, 20)),
+    "cross-window-odd-rounds": dict(sq=256, sk=1024, window=(60, 0), h_kv=2),  # key blocks no query sees, on both
+    # buffer pairs
     "gqa-alibi-causal": dict(sq=384, sk=384, causal=True, h_kv=2, alibi=True),
     "two-sided": dict(sq=640, sk=512, window=(60, 40)),
     "banded-workspace": dict(sq=1152, sk=1152, window=(150, 0)),
@@ -233,6 +235,8 @@ SPANS_CASES = {
     "gqa-alibi": dict(sq=512, sk=512, window=(64, 64), h_kv=2, alibi=True),
     "seven-products": dict(sq=512, sk=512, window=(100, 0), ds=False),
     "d64": dict(sq=700, sk=700, window=(100, 37), d=64),
+    "d64-whole": dict(sq=768, sk=768, window=(100, 37), d=64),
+    "cross-window": dict(sq=256, sk=768, window=(100, 20)),  # key blocks no query sees
 }
 
 
@@ -241,24 +245,27 @@ SPANS_CASES = {
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_gluon_dkdv_spans(name, persistent, monkeypatch):
-    """The Gluon dK/dV with every row's SPANS (and PERSISTENT where whole blocks let it run so, on 3 programs),
-    against float64."""
+    """The Gluon dK/dV with every row's SPANS (persistent: rows with PERSISTENT ahead of the same rows tiled, so calls
+    of whole blocks run persistent on 3 programs and the others fall through to the tiled rows), against float64."""
     c = {"ds": None, "gluon_dq": False, **with_defaults(SPANS_CASES[name])}
     monkeypatch.setattr(configs, "SM90_GLUON_FWD", [])
     monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))
     monkeypatch.setattr(_launch, "compute_units", lambda target: 3)
     ds = {} if c["ds"] is None else {"DS": c["ds"]}
-    monkeypatch.setattr(configs, "SM90_GLUON_DKDV", [dict(r, min_seq=0, SPANS=True, PERSISTENT=persistent, **ds)
-                                                     for r in configs.SM90_GLUON_DKDV])
+    rows = [dict(r, min_seq=0, SPANS=True, **ds) for r in configs.SM90_GLUON_DKDV]
+    monkeypatch.setattr(configs, "SM90_GLUON_DKDV", [dict(r, PERSISTENT=1) for r in rows] * persistent + rows)
     launches = []
     real = _launch._launch
 
     def record(kernel, *args, **kw):
         launch = real(kernel, *args, **kw)
         if kernel.__name__ == "attn_bwd_dkdv_sm90":
-            launches.append(launch.constexprs)
+            launches.append((launch.grid, launch.constexprs))
         return launch
 
     monkeypatch.setattr(_launch, "_launch", record)
     run_case(c, seed=41)
-    assert launches and all(one["SPANS"] for one in launches), launches
+    assert launches and all(one["SPANS"] for _, one in launches), launches
+    block_m = next(r["BLOCK_M"] for r in rows if r["head_dim"] == c["d"])
+    whole = c["sq"] % block_m == 0 and c["sk"] % 128 == 0
+    assert all((grid == (3, 1)) == (persistent and whole) for grid, _ in launches), launches
