@@ -420,12 +420,9 @@ def gluon_programs(row: dict, q, k, statics: Statics, keys: bool = False) -> int
     kernels/bwd_sm90.py): 128 keys of batch * key/value heads rows, in steps of the row's BLOCK_M queries."""
     if not row.get("PERSISTENT"):
         return 0
-    if keys:
-        blocks = dict(BLOCK_M=row["BLOCK_M"], BLOCK_N=2 * 64, PERSISTENT=row["PERSISTENT"])
-        return persistent_programs(blocks, "sm90", q.shape[0] * k.shape[2], q.shape[1], k.shape[1], statics.band,
-                                   keys=True)
-    blocks = dict(BLOCK_M=2 * 64, BLOCK_N=row["BLOCK_N"], PERSISTENT=row["PERSISTENT"])
-    return persistent_programs(blocks, "sm90", q.shape[0] * q.shape[2], q.shape[1], k.shape[1], statics.band)
+    block_m, block_n, heads = (row["BLOCK_M"], 2 * 64, k.shape[2]) if keys else (2 * 64, row["BLOCK_N"], q.shape[2])
+    return persistent_programs(dict(BLOCK_M=block_m, BLOCK_N=block_n, PERSISTENT=row["PERSISTENT"]), "sm90",
+                               q.shape[0] * heads, q.shape[1], k.shape[1], statics.band, keys=keys)
 
 
 def _gluon_args(q, k, statics: Statics, row: dict) -> tuple[dict, dict]:

@@ -16,7 +16,10 @@ One program per (128 keys, batch element, key/value head), in masking.tile_order
   is in, P^T = exp2(S^T - lse) runs while dP^T is computed; dV += P^T dO is issued, and dS^T = P^T (dP^T - delta)
   runs beside it; dK += dS^T q is issued, and the block ends when both products are done (the other group's
   products keep the tensor cores busy meanwhile).
-Descriptors are bounded at the end of the program's batch element (masking.element_tiles' rule)."""
+Descriptors are bounded at the end of the program's batch element (masking.element_tiles' rule). Persistent (N_ROWS
+> 0, a row's PERSISTENT: _launch.gluon_programs): about one program per SM over masking.persistent_tile's tiles,
+descriptors over the whole batch (whole blocks only), the ring carried across tiles and two tiles' K / V buffers.
+SPANS: each group passes over the query steps that see none of its keys (_consume_tile)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -192,10 +195,9 @@ def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc,
                   kv_bar, kv_phase, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin,
                   full_end, n_iters, ring, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale,
                   HALF: gl.constexpr, H: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  BLOCK_M: gl.constexpr,
-                  STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr,
-                  ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, DS: gl.constexpr, DS_BAND: gl.constexpr,
-                  SPANS: gl.constexpr):
+                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr,
+                  SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, DS: gl.constexpr,
+                  DS_BAND: gl.constexpr, SPANS: gl.constexpr):
     """Keys [start_n + HALF * ROWS, + ROWS) (k, v: their buffers, on kv_bar at parity kv_phase; dK's and dV's rows
     from kv_row, columns from kv_col: passed, not computed here, the tiled loop is 6 instructions shorter, sm90 SASS):
     dK and dV over the tile's query steps (from the ring's position `ring`), masked outside [full_begin, full_end).
@@ -247,8 +249,6 @@ def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc,
     tma_store(dk_desc, [kv_row + HALF * ROWS, kv_col], k)
     tma_store(dv_desc, [kv_row + HALF * ROWS, kv_col], v)
     tma.store_wait(0)  # (and so a persistent program may release the buffers: _consume_tiles)
-
-
 
 
 @gluon.jit
