@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash_amd import _launch, _spmd, autotune, fp8, reference, rules
+from jax_flash_amd import _launch, _spmd, autotune, fp8, plan, reference, rules
 from jax_flash_amd.operands import Operands
 
 
@@ -72,6 +72,7 @@ class Options:
     band: rules.Band = rules.Band()  # after the causal cap and clamping (rules.Band.of)
     softcap: float = 0.0  # > 0: logits capped with softcap * tanh(logits / softcap)
     dropout_p: float = 0.0  # > 0: Operands.seeds holds the dropout seeds
+    policy: plan.Policy = plan.DEFAULT  # plan.active() where the call was made
 
     @property
     def statics(self) -> _launch.Statics:
@@ -100,25 +101,20 @@ def _reference_options(extras: Operands, opts: Options) -> dict:
                 kv_segment_ids=extras.kv_segment_ids, positions=extras.positions)
 
 
-def _rows(opts: Options, run, target, q, k, kernels, extras: Operands = Operands()):
-    # autotuned rows are timed without dropout and in 16-bit types; other calls keep the defaults
-    if opts.dropout_p > 0 or fp8.is_fp8(q.dtype):
-        return None
-    return autotune.rows_for(run, target, q, k, opts.statics, kernels, extras)
-
-
 def _forward(opts: Options, treedef, q, k, v, *leaves):
     run, target = backend(opts.implementation)
-    return _launch.forward(run, target, q, k, v, jax.tree.unflatten(treedef, leaves), statics=opts.statics,
-                           rows=_rows(opts, run, target, q, k, ("fwd",)))
+    extras = jax.tree.unflatten(treedef, leaves)
+    rows = autotune.rows_for(run, target, q, k, extras, opts.statics, ("fwd",), opts.policy)
+    return _launch.forward(run, target, q, k, v, extras, statics=opts.statics, rows=rows, policy=opts.policy)
 
 
 def _backward(opts: Options, treedef, q, k, v, *rest):
     *leaves, out, lse2, dout, dlse = rest
     run, target = backend(opts.implementation)
     extras = jax.tree.unflatten(treedef, leaves)
-    return _launch.backward(run, target, q, k, v, out, lse2, dout, dlse, extras, statics=opts.statics,
-                            rows=_rows(opts, run, target, q, k, ("dkdv", "dq", "dqds"), extras))
+    rows = autotune.rows_for(run, target, q, k, extras, opts.statics, ("dkdv", "dq", "dqds"), opts.policy)
+    return _launch.backward(run, target, q, k, v, out, lse2, dout, dlse, extras, statics=opts.statics, rows=rows,
+                            policy=opts.policy)
 
 
 LN2 = 0.6931471805599453

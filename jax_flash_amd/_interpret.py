@@ -9,7 +9,8 @@ import threading
 import jax
 import numpy as np
 
-from jax_flash_amd._launch import Launch, interpreted
+from jax_flash_amd._launch import Launch
+from jax_flash_amd.plan import interpreted
 
 TARGET = "interpret"
 _FP8 = {np.dtype(jax.numpy.float8_e4m3fn): "float8_e4m3fn", np.dtype(jax.numpy.float8_e4m3fnuz): "float8_e4m3fnuz"}

@@ -10,7 +10,8 @@ import logging
 import jax
 
 from jax_flash_amd import _jax_triton_compat
-from jax_flash_amd._launch import Launch, interpreted
+from jax_flash_amd._launch import Launch
+from jax_flash_amd.plan import interpreted
 from jax_flash_amd.kernels import configs
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash_amd import _dispatch, fp8, reference
+from jax_flash_amd import _dispatch, fp8, plan, reference
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
 
@@ -79,6 +79,22 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
       >>> out = jax_flash_amd.attention(q, k, v, causal=True)
       >>> dq = jax.grad(lambda q: jax_flash_amd.attention(q, k, v).astype(jnp.float32).sum())(q)
     """
+    q, k, v, extras, opts = _prepare(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p,
+                                     dropout_rng, q_segment_ids, kv_segment_ids, q_descale, k_descale, v_descale,
+                                     return_lse, _dispatch.choose_implementation(implementation))
+    b, sq, h, _ = q.shape
+    if q.size == 0 or k.shape[1] == 0:  # nothing to attend to (or nothing to compute): no kernel launch
+        out = jnp.zeros(q.shape, jnp.bfloat16 if fp8.is_fp8(q.dtype) else q.dtype)
+        lse = jnp.full((b, h, sq), -jnp.inf, jnp.float32)
+        return (out, lse) if return_lse else out
+    out, lse = _dispatch.attention(q, k, v, extras, opts)
+    return (out, lse) if return_lse else out
+
+
+def _prepare(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, dropout_rng,
+             q_segment_ids, kv_segment_ids, q_descale, k_descale, v_descale, return_lse, impl: str, target=None):
+    """attention's arguments checked: (q, k, v, Operands, dispatch.Options). target: the kernels' target where it
+    is not this machine's (explain)."""
     q, k, v = _check_arrays(q, k, v)
     _check_flag("causal", causal)
     _check_flag("return_lse", return_lse)
@@ -89,23 +105,84 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     dropout_p = _check_dropout(dropout_p, dropout_rng)
     q_seg, kv_seg = _check_segment_ids(q_segment_ids, kv_segment_ids, q.shape[:2], k.shape[:2])
     descales = _check_descales(q, k, (q_descale, k_descale, v_descale), dropout_p)
-    impl = _dispatch.choose_implementation(implementation)
     if descales is not None and impl != "xla":
-        fp8.check_supported(_dispatch.backend(impl)[1], q.dtype)
-
+        fp8.check_supported(target or _dispatch.backend(impl)[1], q.dtype)
     b, sq, h, _ = q.shape
-    if q.size == 0 or k.shape[1] == 0:  # nothing to attend to (or nothing to compute): no kernel launch
-        out = jnp.zeros(q.shape, jnp.bfloat16 if descales is not None else q.dtype)
-        lse = jnp.full((b, h, sq), -jnp.inf, jnp.float32)
-        return (out, lse) if return_lse else out
     if impl != "xla":
         _check_kernel_limits(q, k)
     extras = Operands(slopes=slopes, seeds=reference.dropout_seeds(dropout_rng, b, h) if dropout_p > 0 else None,
                       q_segment_ids=q_seg, kv_segment_ids=kv_seg, **dict(zip(_DESCALES, descales or (None,) * 3)))
     opts = _dispatch.Options(implementation=impl, softmax_scale=scale, softcap=softcap, dropout_p=dropout_p,
-                             band=Band.of(causal, window, sq, k.shape[1]))
-    out, lse = _dispatch.attention(q, k, v, extras, opts)
-    return (out, lse) if return_lse else out
+                             band=Band.of(causal, window, sq, k.shape[1]), policy=plan.active())
+    return q, k, v, extras, opts
+
+
+TARGETS = ("gfx90a", "gfx942", "gfx950", "sm90", "cuda", "interpret")
+
+
+def explain(q, k, v, *, target: str | None = None, causal: bool = False, softmax_scale: float | None = None,
+            window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0,
+            dropout_rng=None, q_segment_ids=None, kv_segment_ids=None, q_descale=None, k_descale=None,
+            v_descale=None, return_lse: bool = False, implementation: str | None = None) -> plan.Explanation:
+    """Which kernels `attention` runs for these arguments, and why: its forward and backward plans (kernels,
+    config rows, grids, flags, workspace bytes, a reason per step). Nothing is computed or compiled.
+
+    Args: attention's, as arrays or jax.ShapeDtypeStructs. target: None for this machine's implementation
+      (`implementation` as attention takes it), or one of "gfx90a", "gfx942", "gfx950", "sm90", "cuda",
+      "interpret" to plan for that target from any machine (its nominal compute units; launches of the compiled
+      warp count, as the supported jax-triton does).
+
+    Returns: a plan.Explanation; print it for a table, or read .forward / .backward (plan.Plan: .steps,
+      .workspace, .kernels).
+
+    Example:
+      >>> print(jax_flash_amd.explain(q, k, v, causal=True, target="gfx942"))
+    """
+    if target is not None:
+        if target not in TARGETS:
+            raise ValueError(f"target must be one of {TARGETS} or None; got {target!r}")
+        if implementation is not None:
+            raise ValueError("give target or implementation, not both")
+        impl = "interpret" if target == "interpret" else "triton"
+    else:
+        impl = _dispatch.choose_implementation(implementation)
+        target = _dispatch.backend(impl)[1] if impl != "xla" else None
+    arrays = dict(alibi_slopes=alibi_slopes, dropout_rng=dropout_rng, q_segment_ids=q_segment_ids,
+                  kv_segment_ids=kv_segment_ids, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    found = {}
+
+    def trace(q, k, v, arrays):
+        found["call"] = _prepare(q, k, v, causal, softmax_scale, window_size, softcap, arrays["alibi_slopes"],
+                                 dropout_p, arrays["dropout_rng"], arrays["q_segment_ids"], arrays["kv_segment_ids"],
+                                 arrays["q_descale"], arrays["k_descale"], arrays["v_descale"], return_lse, impl,
+                                 target)
+
+    jax.eval_shape(trace, *(_shape(x, name) for name, x in (("q", q), ("k", k), ("v", v))),
+                   {name: None if x is None else _shape(x, name) for name, x in arrays.items()})
+    q, k, _, extras, opts = found["call"]
+    if impl == "xla":
+        return plan.Explanation("xla", None, None, None)
+    call = plan.Call.of(target, q, k, extras, opts.statics, here=target == _here())
+    if q.size == 0 or k.shape[1] == 0:
+        return plan.Explanation(impl, target, None, None)
+    return plan.Explanation(impl, target, plan.plan_forward(call), None if call.fp8 else plan.plan_backward(call))
+
+
+def _here() -> str | None:
+    """This machine's kernel target, or None without a GPU (and outside the interpreter)."""
+    try:
+        impl = _dispatch.choose_implementation(None)
+    except RuntimeError:
+        return None
+    return _dispatch.backend(impl)[1] if impl != "xla" else None
+
+
+def _shape(x, name: str):
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name} must be an array or a jax.ShapeDtypeStruct; got {type(x).__name__}")
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
 
 
 def _check_arrays(q, k, v):

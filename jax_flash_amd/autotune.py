@@ -15,11 +15,12 @@ caller is being traced, so the first trace of a new key takes seconds to minutes
 lists the choices, ``forget()`` drops them, and the logger ``jax_flash_amd.autotune`` at INFO level
 prints every candidate's time (a config sweep: that is how kernels/configs.py's defaults are chosen).
 The forward is tuned on the first forward, dK/dV and dQ on the first backward (dQ's kernel of the path the
-call takes: "dq" for seven products, "dqds" for the dS path, _launch.ds_heads).
+call's plan launches: "dq" for seven products, "dqds" for the dS path; jax_flash_amd.plan).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -27,7 +28,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jax_flash_amd import _config_choice, _launch
+from jax_flash_amd import _launch, plan
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.timing import median_seconds
 from jax_flash_amd.kernels import configs
@@ -75,43 +76,43 @@ def bucket(seq_q: int, seq_k: int) -> int | None:
     return next((b for b in BUCKETS if longest <= b), None)
 
 
-def candidates(target: str, kernel: str, head_dim: int, dtype) -> list[dict]:
-    """configs.CANDIDATES rows of the narrowest class covering this head and dtype (empty: nothing to
-    tune)."""
-    width = _config_choice.config_width(head_dim, dtype)
-    rows = [r for r in configs.CANDIDATES.get(target, {}).get(kernel, []) if _config_choice.fits(r, width, dtype)]
-    narrowest = min((r["max_block_d"] for r in rows), default=None)
-    return [r for r in rows if r["max_block_d"] == narrowest]
+def candidates(target: str, kernel: str, head_dim: int, dtype) -> list[configs.Row]:
+    """configs.CANDIDATES rows of the narrowest class covering this head and dtype (empty: nothing to tune)."""
+    call = plan.Call(target, 1, 1, 1, 1, 1, head_dim, jnp.dtype(dtype).name)
+    rows = [r for r in configs.CANDIDATES.get(target, {}).get(kernel, ()) if plan.fits(r, call.width, call.dtype)]
+    narrowest = min((r.max_width for r in rows), default=None)
+    return [r for r in rows if r.max_width == narrowest]
 
 
-def _key(target, kernel, q, k, statics: _launch.Statics):
-    kind = _config_choice.row_kind(statics.band, statics.dropout_p, q.shape[2] // k.shape[2])
-    return (target, kernel, _config_choice.config_width(q.shape[3], q.dtype), jnp.dtype(q.dtype).name, kind,
-            (statics.band.left, statics.band.right), bucket(q.shape[1], k.shape[1]))
+def _key(call: plan.Call, kernel: str):
+    return (call.target, kernel, call.width, call.dtype, call.kind, (call.band.left, call.band.right),
+            bucket(call.seq_q, call.seq_k))
 
 
-def rows_for(run, target: str, q, k, statics: _launch.Statics, kernels: tuple[str, ...],
-             extras: Operands = Operands()) -> dict | None:
-    """{kernel: row} for these kernels, tuning missing keys first; None when autotuning is off. extras:
-    the call's optional operands (segment ids decide which backward it runs)."""
+def rows_for(run, target: str, q, k, extras: Operands, statics: _launch.Statics, kernels: tuple[str, ...],
+             policy: plan.Policy | None = None) -> dict | None:
+    """{kernel: row} for these kernels ("fwd", "dkdv", "dq", "dqds"), tuning missing keys first; None when
+    autotuning is off or the call is not tunable (plan.tunable). Only the Triton kernels the call's plan runs
+    are tuned (the Gluon kernels, faster than the candidates, are left as they are)."""
     if not _enabled:
         return None
+    call = _launch.call_of(target, q, k, extras, statics, policy=policy)
+    if not plan.tunable(call):
+        return None
     rows = {}
-    gluon = {"fwd": _launch.gluon_forward, "dkdv": _launch.gluon_dkdv, "dq": _launch.gluon_dq}
     for kernel in kernels:
-        if kernel in gluon and gluon[kernel](target, q, k, statics, extras, rows) is not None:
-            continue  # the call takes a Gluon kernel (sm90), faster than the Triton candidates: left untuned
-        if kernel in ("dq", "dqds") and (kernel == "dqds") != bool(_launch.ds_heads(target, q, k, statics, extras,
-                                                                                     rows=rows)):
-            continue  # the backward this call runs (seven products, or the dS path) does not launch it
-        key = _key(target, kernel, q, k, statics)
+        now = dataclasses.replace(call, policy=call.policy.replace(rows={**dict(call.policy.rows), **rows}))
+        step = (plan.plan_forward(now) if kernel == "fwd" else plan.plan_backward(now)).step(kernel)
+        if step is None or step.kernel.endswith("_sm90"):
+            continue  # not launched by this call's plan, or a Gluon kernel
+        key = _key(call, kernel)
         if key not in _table:
             _table[key] = _tune(run, target, kernel, q, k, statics, rows)
         rows[kernel] = _table[key]
     return rows
 
 
-def _tune(run, target, kernel, q, k, statics: _launch.Statics, chosen) -> dict:
+def _tune(run, target, kernel, q, k, statics: _launch.Statics, chosen) -> configs.Row:
     """Time each candidate of one kernel (the others at their chosen or default rows) on the call's band
     and scores, without its optional operands; return the fastest."""
     rows = candidates(target, kernel, q.shape[3], q.dtype)
@@ -135,15 +136,15 @@ def _tune(run, target, kernel, q, k, statics: _launch.Statics, chosen) -> dict:
                     bwd = functools.partial(_launch.backward, run, target, statics=statics, rows=trial)
                     t = median_seconds(jax.jit(bwd), qr, kr, vr, out, lse, do, jnp.zeros_like(lse))
             except Exception as e:  # a candidate that does not fit this GPU (e.g. shared memory) is skipped
-                log.info("autotune: %s %s failed: %s", kernel, row, str(e).splitlines()[0][:200])
+                log.info("autotune: %s %s failed: %s", kernel, row.name, str(e).splitlines()[0][:200])
                 continue
-            log.info("autotune: %s %s: %.3f ms", kernel, row, t * 1e3)
+            log.info("autotune: %s %s: %.3f ms", kernel, row.name, t * 1e3)
             if t < best_time:
                 best, best_time = row, t
     if best is None:
         raise RuntimeError(f"autotune: no candidate config of {kernel} ran for head_dim={q.shape[3]}, "
                            f"dtype={q.dtype} on {target}")
     log.info("autotune: %s head_dim=%d %s band=%s bucket=%s -> %s (%.3f ms; %d candidates in %.1f s)",
-             kernel, q.shape[3], q.dtype, statics.band, bucket(q.shape[1], k.shape[1]), best, best_time * 1e3,
+             kernel, q.shape[3], q.dtype, statics.band, bucket(q.shape[1], k.shape[1]), best.name, best_time * 1e3,
              len(rows), time.perf_counter() - t_start)
     return best

@@ -14,16 +14,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash_amd import _dispatch, _launch, fp8
-from jax_flash_amd._config_choice import block_d, pick_config
+from jax_flash_amd import _dispatch, _launch, fp8, plan
 from jax_flash_amd.api import MAX_HEAD_DIM, _check_flag, _check_scale, _check_slopes, _check_softcap, _check_window
-from jax_flash_amd.kernels import configs, decode
+from jax_flash_amd.kernels import decode
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
 
 _DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32)
 _HIGHEST = jax.lax.Precision.HIGHEST
-MIN_PAGE = 16  # the kernels' smallest key block (tl.dot's minimum): paged caches need pages a multiple of it
+MIN_PAGE = plan.MIN_PAGE
 LN2 = 0.6931471805599453
 NO_GRADIENT = ("jax_flash_amd.attention_with_kvcache is forward only (inference): it has no derivative. "
                "Differentiate jax_flash_amd.attention for training.")
@@ -101,7 +100,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
         _check_block_table(block_table, cache_seqlens, seq_new, k_cache.shape[0], k_cache.shape[1])
     if impl != "xla":
         _check_kernel_limits(q, k_cache, paged)
-    opts = Options(impl, scale, Band.of(causal, window, seq_q, max(capacity, 1)), softcap, num_splits)
+    opts = Options(impl, scale, Band.of(causal, window, seq_q, max(capacity, 1)), softcap, num_splits, plan.active())
     extras = Operands(slopes=slopes, **descales)
     out, lse, k_cache, v_cache = _forward_only(opts)(q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras)
     result = (out, lse) if return_lse else (out,)
@@ -117,7 +116,8 @@ class Options:
     softmax_scale: float
     band: Band  # rules.Band.of(causal, window, seq_q, capacity): per row, offsets against its own length
     softcap: float = 0.0
-    num_splits: int = 0  # 0: num_splits() decides
+    num_splits: int = 0  # 0: the split-KV rule decides (plan.decode_splits)
+    policy: plan.Policy = plan.DEFAULT  # plan.active() where the call was made
 
 
 # ----- argument checks -----
@@ -372,39 +372,16 @@ def _xla(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, e
     return out.reshape(q.shape).astype(q.dtype), lse.reshape(b, h, sq), k_cache, v_cache
 
 
-def num_splits(target: str, programs: int, keys: int, block_n: int, cus: int | None = None) -> int:
-    """The split-KV rule (configs.DECODE_SPLITS[target] is its data): enough programs to fill the GPU's
-    compute units programs_per_cu times over, given `programs` (batch x heads_kv x row blocks) before
-    splitting; each split at least min_blocks_per_split key blocks of the `keys` a row can hold; at
-    most max_splits; at least 1."""
-    rule = configs.DECODE_SPLITS[target]
-    cus = _launch.compute_units(target) if cus is None else cus
-    fill = cus * rule["programs_per_cu"] // max(programs, 1)
-    most = -(-keys // block_n) // rule["min_blocks_per_split"]
-    return max(1, min(rule["max_splits"], fill, most))
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
-def plan(target: str, q, k_cache, block_table, num_splits_wanted: int = 0, rows=None) -> dict:
-    """The launch geometry of attn_decode: its config (blocks, options), row blocks and splits."""
+def decode_call(target: str, opts: Options, q, k_cache, block_table, seq_new: int = 0, rows=None) -> plan.DecodeCall:
+    """The plan's DecodeCall of these arrays; rows: {table: DecodeRow} forced (benchmark sweeps)."""
+    policy = opts.policy
+    if rows:
+        policy = policy.replace(rows={**dict(policy.rows), **rows})
     b, sq, h, d = q.shape
-    h_kv = k_cache.shape[2]
-    blocks, options = pick_config(target, "decode", d, q.dtype, rows, "paged" if block_table is not None else "")
-    block_m = min(blocks["BLOCK_M"], max(16, _next_pow2(sq * (h // h_kv))))
-    block_n = blocks["BLOCK_N"]
-    if block_table is not None:  # a key block lies within one page
-        block_n = min(block_n, k_cache.shape[1] & -k_cache.shape[1])
-    rows_per_warp = options.pop("rows_per_warp", None)
-    if rows_per_warp:  # one warp per strip of rows (configs.py, AMD: more would repeat the same MFMAs)
-        options["num_warps"] = max(1, min(options["num_warps"], block_m // rows_per_warp))
-    row_blocks = -(-sq * (h // h_kv) // block_m)
-    programs = b * h_kv * row_blocks
-    splits = num_splits_wanted or num_splits(target, programs, _capacity(k_cache, block_table), block_n)
-    return dict(blocks={**blocks, "BLOCK_M": block_m, "BLOCK_N": block_n}, options=options, row_blocks=row_blocks,
-                splits=splits)
+    return plan.DecodeCall(target, b, sq, h, k_cache.shape[2], d, np.dtype(q.dtype).name,
+                           _capacity(k_cache, block_table), opts.band, opts.softcap,
+                           k_cache.shape[1] if block_table is not None else 0, seq_new, np.dtype(k_cache.dtype).name,
+                           opts.num_splits, policy.compute_units or plan.compute_units(target), policy)
 
 
 def _kernels(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras: Operands, *, rows=None):
@@ -415,54 +392,48 @@ def _kernels(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_tabl
 
 def launches(run, target: str, opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table,
              extras: Operands = Operands(), rows=None):
-    """Append (if k), decode, combine (if split): (out, lse natural, k_cache, v_cache). extras: ALiBi slopes,
-    float8 descales. rows: {kernel: config row} overriding configs.py's (benchmark sweeps)."""
+    """The plan's steps (plan.plan_decode): append (if k), decode, combine (if split): (out, lse natural, k_cache,
+    v_cache). extras: ALiBi slopes, float8 descales. rows: {table: row} forced (benchmark sweeps)."""
     b, sq, h, d = q.shape
     paged = block_table is not None
-    num_pages, page = k_cache.shape[:2]
+    num_pages = k_cache.shape[0]
     capacity = _capacity(k_cache, block_table)
     max_pages = block_table.shape[1] if paged else 1
     table = block_table if paged else jnp.zeros((1,), jnp.int32)
-    h_kv = k_cache.shape[2]
-    bd = block_d(d, q.dtype)
     seq_new = 0 if k is None else k.shape[1]
     start, lengths = _lengths(cache_seqlens, seq_new, capacity)
-    common = dict(KV_H=h_kv, HEAD_DIM=d, BLOCK_D=bd, PAGE=page if paged else 1, PAGED=paged)
-    if k is not None and seq_new > 0:
-        blocks, options = pick_config(target, "kv_append", d, q.dtype, rows)
-        bn = blocks["BLOCK_N"]
-        launch = _launch._launch(
-            decode.kv_append, grid=(-(-seq_new // bn), b * h_kv),
+    steps = plan.plan_decode(decode_call(target, opts, q, k_cache, block_table, seq_new, rows)).steps
+    if steps[0].role == "kv_append":
+        append = _launch.launch(
+            decode.kv_append, grid=steps[0].grid,
             inputs=dict(K=k, V=v, KCache=k_cache, VCache=v_cache, BlockTable=table, SeqLens=start, seq_new=seq_new,
                         capacity=capacity, max_pages=max_pages, num_pages=num_pages),
             out_shapes=(jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
                         jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)),
-            constexprs={**common, **blocks}, options=options)
-        k_cache, v_cache = run(dataclasses.replace(launch, aliases=((2, 0), (3, 1))))
-
-    p = plan(target, q, k_cache, block_table, opts.num_splits, rows)
-    splits, blocks = p["splits"], p["blocks"]
+            constexprs=steps[0].flags, options=steps[0].compile_options)
+        k_cache, v_cache = run(dataclasses.replace(append, aliases=((2, 0), (3, 1))))
+        steps = steps[1:]
+    step = steps[0]
+    splits = step.grid[1]
     one = splits == 1
-    out, lse2 = run(_launch._launch(
-        decode.attn_decode, grid=(b * h_kv, splits, p["row_blocks"]),
+    out, lse2 = run(_launch.launch(
+        decode.attn_decode, grid=step.grid,
         inputs=dict(Q=q, KCache=k_cache, VCache=v_cache, BlockTable=table, SeqLens=lengths,
                     Offsets=_offsets(opts.band, sq, lengths), sm_scale=np.float32(opts.softmax_scale),
                     softcap=np.float32(opts.softcap), seq_q=sq, capacity=capacity, max_pages=max_pages,
                     num_pages=num_pages),
         out_shapes=(jax.ShapeDtypeStruct((splits, b, sq, h, d), q.dtype if one else jnp.float32),
                     jax.ShapeDtypeStruct((splits, b, h, sq), jnp.float32)),
-        constexprs={**common, "H": h, **blocks, "BANDED": opts.band.sides, "SOFTCAP": opts.softcap > 0,
-                    "FP8_KV": fp8.is_fp8(k_cache.dtype)},
-        options=p["options"], extras=extras))
+        constexprs=step.flags, options=step.compile_options, extras=extras))
     if one:
         out, lse2 = out[0], lse2[0]
     else:
-        blocks, options = pick_config(target, "decode_combine", d, q.dtype, rows)
-        out, lse2 = run(_launch._launch(
-            decode.attn_decode_combine, grid=(-(-sq * h // blocks["BLOCK_M"]), b),
+        combine = steps[1]
+        out, lse2 = run(_launch.launch(
+            decode.attn_decode_combine, grid=combine.grid,
             inputs=dict(Parts=out, PartLse=lse2, seq_q=sq, n_split=splits),
             out_shapes=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
-            constexprs=dict(H=h, HEAD_DIM=d, BLOCK_D=bd, **blocks), options=options))
+            constexprs=combine.flags, options=combine.compile_options))
     return out, lse2 * np.float32(LN2), k_cache, v_cache
 
 

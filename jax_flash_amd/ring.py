@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jax_flash_amd import _dispatch, _spmd, api, fp8, reference
+from jax_flash_amd import _dispatch, _spmd, api, fp8, plan, reference
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
 
@@ -125,7 +125,8 @@ def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: f
     # the same key on every device: the unsharded call's per-(batch, head) dropout seeds
     seeds = reference.dropout_seeds(dropout_rng, q.shape[0], q.shape[2]) if dropout_p > 0 else None
     extras = Operands(slopes=slopes, seeds=seeds, q_segment_ids=q_ids, kv_segment_ids=kv_ids)
-    opts = _dispatch.Options(implementation=impl, softmax_scale=scale, softcap=softcap, dropout_p=dropout_p)
+    opts = _dispatch.Options(implementation=impl, softmax_scale=scale, softcap=softcap, dropout_p=dropout_p,
+                             policy=plan.active())
     if n == 1:  # a ring of one device is plain attention: no merge, no accumulators, no overhead
         out, lse = _dispatch.attention(q, k, v, extras, dataclasses.replace(opts, band=band))
         return (out, lse) if return_lse else out

@@ -17,8 +17,8 @@ holds dS / keep_scale (its dQ's scale carries keep_scale: jax_flash_amd/_launch.
 Hopper (TMA config rows): dQ reads K and V through TMA descriptors; dK/dV reads every tile through them (lse
 and delta through pointers) and runs its query blocks in one loop, warp-specialised where the row says
 (_dkdv_tma_program); PERSISTENT rows: one program per SM
-looping over key blocks (which calls: jax_flash_amd/_launch.py _dkdv).
-The dS path (Hopper rows with DS, _launch.backward: where its workspace fits configs.DS_WORKSPACE_BYTES):
+looping over key blocks (which calls: jax_flash_amd/plan.py).
+The dS path (Hopper rows with DS, where its workspace fits: jax_flash_amd/plan.py ds_heads):
 dK/dV also stores each tile's dS^T (16-bit, as dK's product reads it) to a workspace, and attn_bwd_dq_ds
 computes dQ = scale dS K from it: five products per tile, as FlashAttention's atomics give, still without
 atomics (deterministic); dS carries dropout's keep mask (only dK/dV draws it). Delta: _launch (XLA).
@@ -156,7 +156,7 @@ def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h, start_m, st
     """_dkdv_tile of query block start_m of head h, its tiles from the descriptors (_dkdv_tma_program);
     STORE_DS: dS^T to ds_desc, ds_rows rows per (batch, head) (ds_tiles)."""
     # lse and delta through pointers: through TMA (a third tile per iteration) the warp-specialised kernels
-    # returned NaN under compute-sanitizer and under contention (NOTES "Tenth session" to "Twelfth session")
+    # returned NaN under compute-sanitizer and under contention (docs/tuning.md, Hopper dK/dV)
     row0 = (b * H + h) * seq_q
     offs_m = start_m + tl.arange(0, BLOCK_M)
     if MASKED:
@@ -165,7 +165,7 @@ def _dkdv_tma_block(dk, dv, k, v, q_desc, do_desc, Lse, Delta, b, h, start_m, st
     else:
         # loaded before the tiles, their loads come before the consumer warps' waits for q and dO, so their
         # latency overlaps the waits (H200, D 128: the backward 5-7 % faster; masked, 64 more bytes of spills
-        # made it 24-30 % slower: NOTES "Twelfth session")
+        # made it 24-30 % slower: docs/tuning.md, Hopper dK/dV)
         lse2, delta = _rows(Lse, Delta, row0, offs_m, seq_q)
         q, do = _query_tiles(q_desc, do_desc, b * seq_q + start_m, h * HEAD_DIM)
     return _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, start_m, start_n, seq_q,
@@ -287,7 +287,7 @@ def _dkdv_tma_program(Q, K, V, Slopes, Seeds, QueryRanges, Positions, dOut, Lse,
                       GROUP_PROGRAMS: tl.constexpr, DS_BAND: tl.constexpr):
     """dK and dV of one key block (PERSISTENT: of the key blocks masking.persistent_tile hands this program),
     every tile through TMA descriptors (masking.element_tiles), Lse and Delta through pointers (_dkdv_tma_block)."""
-    if PERSISTENT:  # whole blocks only (jax_flash_amd/_launch.py): descriptors over the whole batch
+    if PERSISTENT:  # whole blocks only (jax_flash_amd/plan.py): descriptors over the whole batch
         descriptors = _dkdv_descriptors(Q, K, V, dOut, dS, batch - 1, seq_q, seq_k, lo_off, hi_off, H=H, KV_H=KV_H,
                                         HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DS=DS, DS_BAND=DS_BAND)
         n_n = tl.cdiv(seq_k, BLOCK_N)
@@ -382,23 +382,21 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                   DS_BAND: tl.constexpr = False):
     """Arguments as attn_fwd's; QueryRanges (batch, key blocks, 2): the queries that can share a segment
     id with each key block. One program per (key block, batch * KV_H[, dV or dK where SPLIT]), or with
-    PERSISTENT (TMA rows, whole blocks: jax_flash_amd/_launch.py _dkdv) a grid of (programs, 1, 1), each
+    PERSISTENT (TMA rows, whole blocks: jax_flash_amd/plan.py) a grid of (programs, 1, 1), each
     looping over key blocks of the batch's `batch` elements.
-    TMA (Hopper config rows; which calls take them: jax_flash_amd/_launch.py _takes_tma): tiles through
+    TMA (Hopper config rows; which calls take them: jax_flash_amd/plan.py takes_tma): tiles through
     TMA descriptors, WARP_SPECIALIZE splitting the query loop into producer and consumer warps;
     QUERIES_EVEN says every query and key block is whole (the loop then runs unmasked without a band).
     dS: the dS path's workspace (ds_tiles; DS_BAND: its banded layout), written where DS (sm90 rows), else a
     placeholder.
-    EDGES (as attn_fwd's; which calls: jax_flash_amd/_launch.py edges_apart): 1 (the TMA loop) only the query
+    EDGES (as attn_fwd's; which calls: jax_flash_amd/plan.py edges_apart): 1 (the TMA loop) only the query
     blocks that see every key of the block, unmasked, dK and dV then float32 partial sums; 2 (pointer loads)
     only the masked ones at the band's edges, added to those (DKPart, DVPart; placeholders otherwise); on the
     dS path (DS) storing their dS^T into the first launch's workspace, DSPart (aliased to dS).
     GROUP_PROGRAMS: a causal tiled grid's group (masking.tile_order)."""
-    USE_TMA: tl.constexpr = (TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM) & (not SPLIT)
-                             & (not SEGMENTS))
     # DK / DV must be compile-time constants (each program holds only the accumulators it needs), hence
     # one call per case
-    if USE_TMA:
+    if TMA:
         _dkdv_tma_program(Q, K, V, Slopes, Seeds, QueryRanges, Positions, dOut, Lse, Delta, sm_scale, softcap,
                           keep_scale, seq_q, seq_k, lo_off, hi_off, batch, dK, dV, dS, H=H, KV_H=KV_H,
                           HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
@@ -504,29 +502,28 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, d
     q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
     seed = load_seed(Seeds, bh, DROP_THRESHOLD)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
-    USE_TMA: tl.constexpr = TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM)
     k_desc = K
     v_desc = V
     kv_row = b * seq_k
     kv_col = (h // (H // KV_H)) * HEAD_DIM
-    if USE_TMA:
+    if TMA:
         k_desc = element_tiles(K, b, seq_k, STRIDE_KV, BLOCK_N, BLOCK_D)
         v_desc = element_tiles(V, b, seq_k, STRIDE_KV, BLOCK_N, BLOCK_D)
     # the band's edges (masked) first, then the key blocks every row sees (unmasked): in this order the
     # unmasked loop keeps its K and V buffer descriptors in SGPRs (the other way round, LLVM re-copied
-    # 4 descriptor words into place every iteration: AMD, issue 23)
+    # 4 descriptor words into place every iteration on AMD)
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, k_desc, v_desc, kv_row, kv_col, start,
                    full_start, full_end, end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
                    sm_scale, softcap, slope, q_ids, KSeg, b, seed,
                    MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=USE_TMA)
+                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=TMA)
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, k_desc, v_desc, kv_row, kv_col, full_start,
                    full_end, full_end, full_end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
                    sm_scale, softcap, slope, q_ids, KSeg, b, seed,
                    MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=USE_TMA)
+                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=TMA)
     store_tile(dQ + q_base, kept_scaled(dq * sm_scale, keep_scale, DROP_THRESHOLD), offs_m, offs_d, STRIDE, seq_q,
                HEAD_DIM, BLOCK_D != HEAD_DIM)
 
@@ -550,7 +547,7 @@ def ds_tiles(dS, b, seq_q, seq_k, lo_off, hi_off, H: tl.constexpr, DS_BLOCK_N: t
     key block's tiles whole), cols = seq_q rounded up to 8 (16-byte aligned rows); key j, query i of
     (b, h) at row (b * H + h) * rows + j, column ds_col(i, ...) (i itself unless DS_BAND). [BLOCK_KEYS,
     BLOCK_QUERIES] tiles, bounded at batch element b's end. Only tiles that dK/dV visits are written: readers mask
-    the others (attn_bwd_dq_ds). DS_BAND (a band bounded on both sides, narrower than the sequence; _launch.py
+    the others (attn_bwd_dq_ds). DS_BAND (a band bounded on both sides, narrower than the sequence; plan.py
     ds_workspace computes the same): a row holds only the queries its key group can see (ds_col), cols =
     DS_BAND_BLOCK - 1 + the band's width + DS_BAND_BLOCK - 1, rounded up to 8, so the workspace grows with the
     band's width, not with seq_q (tiles past cols are cut off: their queries see none of the row's keys)."""
@@ -566,7 +563,7 @@ def ds_col(start_m, start_n, hi_off, DS_BAND: tl.constexpr):
     counted from the first DS_BAND_BLOCK-aligned query block that can see start_n's aligned group of DS_BAND_BLOCK keys
     (query i sees key j only if i >= j - hi_off; hi_off as masking.place gives it). Every tile a kernel visits
     (blocks of at most DS_BAND_BLOCK queries and keys, aligned to their size) lies in one group of keys and
-    starts at or right of that column (jax_flash_amd/_launch.py checks the rows' blocks)."""
+    starts at or right of that column (jax_flash_amd/plan.py checks the rows' blocks)."""
     if DS_BAND:
         group = start_n // DS_BAND_BLOCK * DS_BAND_BLOCK
         start_m = start_m - tl.maximum(group - hi_off, 0) // DS_BAND_BLOCK * DS_BAND_BLOCK

@@ -1,13 +1,12 @@
 """Hopper dK/dV in Gluon: the backward's key-block loop with explicit barriers, so that lse and delta arrive through
 TMA beside q and dO (Triton 3.6's own warp specialisation raced on a third TMA tile per iteration and had to take
-them through pointers: benchmarks/results/NOTES.md, "Tenth" to "Twelfth session"), and each warp group's softmax
+them through pointers: docs/tuning.md, Hopper dK/dV), and each warp group's softmax
 runs while its other product is on the tensor cores.
 
 Same contract as bwd.attn_bwd_dkdv's TMA rows (layout, GQA, bands, softcap, ALiBi, dropout; Lse in base 2, Delta
 from the caller; DS: dS^T also to the dS path's workspace, bwd.ds_tiles' layout) for 16-bit inputs with a head of 64
-or 128 and no segment ids or positions: which calls take it is jax_flash_amd/_launch.py gluon_dkdv. The scores, the
-mask and dropout's draw are scores.py's, masking.py's and dropout.py's, called from here. Below it, a dQ kernel for
-the seven-product path (attn_bwd_dq_sm90; _launch.gluon_dq).
+or 128 and no segment ids or positions: which calls take it is jax_flash_amd/plan.py gluon_dkdv_row. The scores, the
+mask and dropout's draw are scores.py's, masking.py's and dropout.py's, called from here.
 
 One program per (128 keys, batch element, key/value head), in masking.tile_order's order, three partitions:
 - a load warp: the key block's K and V once, then for each query block (of each query head reading this key/value
@@ -17,7 +16,7 @@ One program per (128 keys, batch element, key/value head), in masking.tile_order
   runs beside it; dK += dS^T q is issued, and the block ends when both products are done (the other group's
   products keep the tensor cores busy meanwhile).
 Descriptors are bounded at the end of the program's batch element (masking.element_tiles' rule). Persistent (N_ROWS
-> 0, a row's PERSISTENT: _launch.gluon_programs): about one program per SM over masking.persistent_tile's tiles,
+> 0, a row's PERSISTENT: plan.gluon_programs): about one program per SM over masking.persistent_tile's tiles,
 descriptors over the whole batch (whole blocks only), the ring carried across tiles and two tiles' K / V buffers.
 SPANS: each group passes over the query steps that see none of its keys (_consume_tile)."""
 from triton.experimental import gluon
@@ -28,8 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .bwd import ds_col, ds_shape, kept_scaled
 from .configs import TILED_GROUP_PROGRAMS
 from .dropout import dropped_ds, keep_at
-from .fwd_sm90 import (ROWS, block_scores, head_scalars, invalidate_kv_rings, kv_rings, load_keys, query_rows, tiles,
-                       tma_load, tma_store)
+from .fwd_sm90 import ROWS, block_scores, head_scalars, tiles, tma_load, tma_store
 from .masking import persistent_rounds, persistent_tile, query_blocks, tile_order
 
 
@@ -206,7 +204,7 @@ def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc,
     SPANS: a step whose queries see none of this group's keys (_unseen: a band's first or last step of the tile for
     one of the two groups) is passed over: no product, no dS^T stored (attn_bwd_dq_ds selects such pairs away: they
     lie in its masked blocks). A window (1024, 0) skips 1 of each group's 18 steps; sm90 SASS per step, D 128:
-    window 616 / 722 -> 578 / 584, but causal 497 / 532 -> 494 / 655 (_launch._dkdv_gluon: narrow windows only)."""
+    window 616 / 722 -> 578 / 584, but causal 497 / 532 -> 494 / 655 (plan.py _dkdv_step: narrow windows only)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -219,7 +217,7 @@ def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc,
     dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
     if GROUP == 1:  # one query head: its slope and seed once, so the seed's mixing (two loads and ~33 uniform
         # operations) and the key rows' share of dropout's hash can leave the loop (ptxas hoists them: sm90 SASS,
-        # NOTES "Twenty-sixth session"; with GROUP > 1 they are per block: _step)
+        # docs/tuning.md, dropout; with GROUP > 1 they are per block: _step)
         slope, seed = head_scalars(Slopes, Seeds, b * H + kv_h, ALIBI, DROP_THRESHOLD)
     else:
         slope, seed = 0.0, 0
@@ -290,7 +288,7 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softc
     with 128-key rows), else a placeholder. CONSUMER_REGS: registers per thread of the second consumer group. SPANS:
     each consumer group passes over the query steps that see none of its 64 keys (_consume_tile).
     N_ROWS > 0: persistent, grid (programs, 1), over the key blocks of N_ROWS = batch * KV_H rows (EVEN: one
-    descriptor per tensor serves every tile; _launch.gluon_programs): the descriptors made once, the ring carried
+    descriptor per tensor serves every tile; plan.gluon_programs): the descriptors made once, the ring carried
     across tiles, two tiles' K and V buffers so that the next tile's load while a tile runs (the tiled program pays
     its nine descriptors, its K / V load and its pipeline's fill, and its dK / dV store, alone on its SM)."""
     gl.static_assert(N_ROWS == 0 or EVEN, "a persistent grid takes whole blocks")
@@ -393,128 +391,3 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softc
         mbarrier.invalidate(q_ready.index(s))
         mbarrier.invalidate(do_ready.index(s))
         mbarrier.invalidate(empty.index(s))
-
-
-# ----- dQ on seven products (the backward's first kernel where dK/dV does not store dS): the forward's shape -----
-
-@gluon.jit
-def _dq_loads(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-              v_empty, q_row, q_col, kv_row, kv_col, start, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    mbarrier.expect(q_bar, 4 * q_desc.block_type.nbytes)
-    for half in gl.static_range(2):
-        tma_load(q_desc, [q_row + half * ROWS, q_col], q_bar, q_smem.index(half))
-        tma_load(do_desc, [q_row + half * ROWS, q_col], q_bar, do_smem.index(half))
-    load_keys(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, start, n_blocks,
-              BLOCK_N, STAGES)
-
-
-@gluon.jit
-def _dq_consume(q_smem, do_smem, k_smem, v_smem, dq_desc, Lse, Delta, q_bar, k_ready, v_ready, k_empty, v_empty, q_row,
-                q_col, row0, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, sm_scale,
-                softcap, slope, seed, keep_scale, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr,
-                ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr):
-    """Queries [start_m + HALF * ROWS, + ROWS): dQ = scale sum_j dS_j K_j over the key blocks from `start`, masked
-    outside [full_start, full_end); bwd._dq_inner's arithmetic, dropout included."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    q = q_smem.index(HALF)
-    do = do_smem.index(HALF)
-    dtype: gl.constexpr = q.dtype
-    rows = start_m + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-    q_idx = gl.expand_dims(rows, 1)
-    k_range = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
-    # lse and delta of the group's rows, once (pointer loads: no TMA tile, so no alignment to keep)
-    lse = gl.load(Lse + row0 + rows, mask=rows < seq_q, other=0.0)
-    lse = gl.expand_dims(gl.where(lse == float("-inf"), float("inf"), lse), 1)  # bwd._seen
-    delta = gl.expand_dims(gl.load(Delta + row0 + rows, mask=rows < seq_q, other=0.0), 1)
-    zeros = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-    dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
-    mbarrier.wait(q_bar, 0)
-    for i in range(n_blocks):
-        s = i % STAGES
-        phase = (i // STAGES) & 1
-        start_n = start + i * BLOCK_N
-        k = k_smem.index(s)
-        mbarrier.wait(k_ready.index(s), phase)
-        st = warpgroup_mma(q, k.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(s), phase)
-        dp = warpgroup_mma(do, v_smem.index(s).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        st = warpgroup_mma_wait(1, deps=(st,))  # S is in, dP runs on
-        k_idx = start_n + k_range
-        p, dlogit = _probs(st, q_idx, k_idx, (start_n < full_start) | (start_n >= full_end), seq_q, seq_k, lo_off,
-                           hi_off, sm_scale, softcap, slope, lse, BANDED, MAY_MASK, SOFTCAP, ALIBI)
-        dp = warpgroup_mma_wait(0, deps=(dp,))
-        mbarrier.arrive(v_empty.index(s))
-        kept = False
-        if DROP_THRESHOLD > 0:
-            kept = keep_at(seed, q_idx, k_idx, DROP_THRESHOLD)
-        ds = dropped_ds(p, dp, delta, kept, DROP_THRESHOLD)
-        if SOFTCAP:
-            ds = ds * dlogit
-        dsb = gl.convert_layout(ds.to(dtype), op_layout)
-        dq = warpgroup_mma(dsb, k, dq, is_async=True)
-        dq, dsb = warpgroup_mma_wait(0, deps=(dq, dsb))
-        mbarrier.arrive(k_empty.index(s))
-    # q's buffer is free: every product that read it is done
-    q.store(kept_scaled(dq * sm_scale, keep_scale, DROP_THRESHOLD).to(dtype))
-    fence_async_shared()
-    tma_store(dq_desc, [q_row + HALF * ROWS, q_col], q)
-    tma.store_wait(0)
-
-
-@gluon.jit
-def attn_bwd_dq_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
-                     hi_off, dQ, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                     STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                     DROP_THRESHOLD: gl.constexpr, KEYS_EVEN: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                     GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS):
-    """bwd.attn_bwd_dq's dQ (Delta given: the caller computes it) for the seven-product path; grid (cdiv(seq_q, 128),
-    batch * H): one program per 128 queries, the forward's partitions (fwd_sm90.py): a load warp (q and dO halves
-    once, K and V through a ring of STAGES buffers) and two consumer warp groups of 64 queries, each issuing S = q K^T
-    and dP = dO V^T together and computing P while dP runs. KEYS_EVEN: seq_k a multiple of BLOCK_N."""
-    i, bh = tile_order(BANDED, GROUP_PROGRAMS)
-    start_m = (gl.num_programs(0) - 1 - i) * (2 * ROWS)  # causal: the heaviest first
-    b = bh // H
-    h = bh % H
-    q_desc = tiles(Q, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
-    do_desc = tiles(dOut, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
-    dq_desc = tiles(dQ, b, seq_q, H * HEAD_DIM, ROWS, HEAD_DIM)
-    k_desc = tiles(K, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
-    v_desc = tiles(V, b, seq_k, KV_H * HEAD_DIM, BLOCK_N, HEAD_DIM)
-    dtype: gl.constexpr = Q.dtype.element_ty
-    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    k_ready, v_ready, k_empty, v_empty = kv_rings(STAGES)
-    fence_async_shared()
-
-    slope, seed, start, full_start, full_end, end = query_rows(start_m, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, b,
-                                                               bh, BLOCK_N, BANDED, ALIBI, DROP_THRESHOLD)
-    n_blocks = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
-    MAY_MASK: gl.constexpr = BANDED or not KEYS_EVEN
-    q_row = b * seq_q + start_m
-    q_col = h * HEAD_DIM
-    row0 = bh.to(gl.int64) * seq_q
-    kv_row = b * seq_k
-    kv_col = (h // (H // KV_H)) * HEAD_DIM
-    gl.warp_specialize([
-        (_dq_consume, (q_smem, do_smem, k_smem, v_smem, dq_desc, Lse, Delta, q_bar, k_ready, v_ready, k_empty,
-                       v_empty, q_row, q_col, row0, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k,
-                       lo_off, hi_off, sm_scale, softcap, slope, seed, keep_scale, 0, HEAD_DIM, BLOCK_N, STAGES,
-                       BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD)),
-        (_dq_consume, (q_smem, do_smem, k_smem, v_smem, dq_desc, Lse, Delta, q_bar, k_ready, v_ready, k_empty,
-                       v_empty, q_row, q_col, row0, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k,
-                       lo_off, hi_off, sm_scale, softcap, slope, seed, keep_scale, 1, HEAD_DIM, BLOCK_N, STAGES,
-                       BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD)),
-        (_dq_loads, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                     k_empty, v_empty, q_row, q_col, kv_row, kv_col, start, n_blocks, BLOCK_N, STAGES)),
-    ], [4, 1], [CONSUMER_REGS, 24])
-    mbarrier.invalidate(q_bar)
-    invalidate_kv_rings(k_ready, v_ready, k_empty, v_empty, STAGES)

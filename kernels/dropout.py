@@ -5,7 +5,7 @@ backward regenerates it exactly, whatever the block sizes or the tile's orientat
 One random byte per probability (FlashAttention's 8-bit draws), computed per element, with no reshape or
 layout of its own: Triton 3.6's warp-specialisation pass takes the loop with it (a Philox 4x32 call gives 16
 bytes, which only a reshape hands to the 16 probabilities a thread holds, and that pass fails on the reshape;
-NOTES "Sixteenth session"). Per (batch, head) the 64-bit seed is mixed into two 32-bit keys (once per tile);
+docs/tuning.md, dropout). Per (batch, head) the 64-bit seed is mixed into two 32-bit keys (once per tile);
 query q and key k then give
     r = (q ^ key_q) * P1,  r ^= r >> 16      (per query row)
     c = (k ^ key_k) * P2,  c ^= c >> 16      (per key column)

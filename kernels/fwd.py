@@ -125,32 +125,30 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
     VDescale / P8_LOG2: fp8 inputs (above). TMA (Hopper config rows): Q, K and V move through
     device-side TMA descriptors where the head is a power of two and the inputs 16-bit;
     WARP_SPECIALIZE then splits the key loop into producer and consumer warps (sm90 rows, kernels/configs.py;
-    which calls take them: jax_flash_amd/_launch.py _takes_tma), KEYS_EVEN says every key block is whole.
+    which calls take them: jax_flash_amd/plan.py takes_tma), KEYS_EVEN says every key block is whole.
     EDGES_FIRST (config rows): the masked key blocks at the band's edges before the unmasked ones; the
     order only changes how LLVM allocates registers (AMD: where the unmasked loop keeps its buffer
-    descriptors in SGPRs instead of re-copying them every iteration, issue 23).
-    PERSISTENT (Hopper rows, whole query and key blocks only; which calls: jax_flash_amd/_launch.py
+    descriptors in SGPRs instead of re-copying them every iteration).
+    PERSISTENT (Hopper rows, whole query and key blocks only; which calls: jax_flash_amd/plan.py
     persistent_programs): a grid of (programs, 1), each program looping over tiles in
     masking.persistent_tile's order, with the TMA descriptors made once per program, over the whole
     tensors (no tile crosses a batch element). Otherwise one program per (query block, batch * H), and
     batch is unused.
-    EDGES (which calls: jax_flash_amd/_launch.py edges_apart): 0 every key block of the band; 1 (the TMA
+    EDGES (which calls: jax_flash_amd/plan.py edges_apart): 0 every key block of the band; 1 (the TMA
     loop) only the blocks every row of the query block sees, unmasked, Out then float32: a partial result
     (out, lse) that is the online softmax's whole state; 2 (pointer loads) only the masked blocks at the
     band's edges, continuing from that partial result (Part, PartLse; placeholders otherwise). Triton 3.6's
     warp-specialised loop can take no second loop nor branch, so without this it masks every block of a band
     (H200: +11-19 % on the D 128 forward). GROUP_PROGRAMS: a causal tiled grid's group (masking.tile_order)."""
-    # the TMA path: a TMA row, 16-bit inputs, a whole-tile head
-    USE_TMA: tl.constexpr = TMA & (Q.dtype.element_ty.primitive_bitwidth == 16) & (BLOCK_D == HEAD_DIM)
     # EDGES: the unmasked part through TMA; no dropout, fp8 or segment ids (the partial would carry keep_scale,
     # lse P8_LOG2's shift, and the segments mask every block)
-    tl.static_assert(EDGES == 0 or ((EDGES == 2 or USE_TMA) and DROP_THRESHOLD == 0 and P8_LOG2 == 0
+    tl.static_assert(EDGES == 0 or ((EDGES == 2 or TMA) and DROP_THRESHOLD == 0 and P8_LOG2 == 0
                                     and not SEGMENTS))
     if PERSISTENT:
         q_desc = Q
         k_desc = K
         v_desc = V
-        if USE_TMA:
+        if TMA:
             q_desc, k_desc, v_desc = _fwd_tiles(Q, K, V, batch - 1, seq_q, seq_k, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM,
                                                 BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
         n_m = tl.cdiv(seq_q, BLOCK_M)
@@ -160,7 +158,7 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
                       QDescale, KDescale, VDescale, Positions, Part, PartLse, sm_scale, softcap, keep_scale, seq_q,
                       seq_k, lo_off, hi_off, Out, Lse, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
                       BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                      DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, POSITIONS=POSITIONS, TMA=USE_TMA,
+                      DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, POSITIONS=POSITIONS, TMA=TMA,
                       WARP_SPECIALIZE=WARP_SPECIALIZE, KEYS_EVEN=KEYS_EVEN, EDGES_FIRST=EDGES_FIRST,
                       DESCRIPTORS=True, EDGES=EDGES)
     else:
@@ -171,7 +169,7 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
                   KDescale, VDescale, Positions, Part, PartLse, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
                   hi_off, Out, Lse, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                   BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                  P8_LOG2=P8_LOG2, POSITIONS=POSITIONS, TMA=USE_TMA, WARP_SPECIALIZE=WARP_SPECIALIZE,
+                  P8_LOG2=P8_LOG2, POSITIONS=POSITIONS, TMA=TMA, WARP_SPECIALIZE=WARP_SPECIALIZE,
                   KEYS_EVEN=KEYS_EVEN, EDGES_FIRST=EDGES_FIRST, DESCRIPTORS=False, EDGES=EDGES)
 
 
@@ -195,7 +193,7 @@ def _fwd_tile(start_m, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg,
               POSITIONS: tl.constexpr, TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, KEYS_EVEN: tl.constexpr,
               EDGES_FIRST: tl.constexpr, DESCRIPTORS: tl.constexpr, EDGES: tl.constexpr):
     """Query block [start_m, start_m + BLOCK_M) of (batch * H) row bh, with attn_fwd's arguments (TMA:
-    its USE_TMA). DESCRIPTORS: q_desc, k_desc, v_desc are the TMA path's descriptors, made by the caller;
+    its TMA). DESCRIPTORS: q_desc, k_desc, v_desc are the TMA path's descriptors, made by the caller;
     else they are made here, bounded at this tile's batch element."""
     b = bh // H
     h = bh % H
@@ -290,7 +288,7 @@ def _fwd_tile(start_m, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg,
         out = out * v_descale
     # lse in base 2, as the backward reads it (jax_flash_amd/_dispatch.py returns it times ln 2): a round
     # trip through the natural log would cost two float32 roundings at |lse| up to hundreds, which the
-    # backward's P = exp2(s - lse2) takes as relative error (issue 25: half of float32 dV's error)
+    # backward's P = exp2(s - lse2) takes as relative error (half of float32 dV's error)
     lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)) - P8_LOG2)
     store_tile(Out + q_start, out, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, BLOCK_D != HEAD_DIM)
     tl.store(Lse + bh.to(tl.int64) * seq_q + offs_m, lse, mask=offs_m < seq_q)

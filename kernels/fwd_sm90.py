@@ -1,8 +1,8 @@
 """Hopper forward in Gluon: FlashAttention-3's overlap of the products with the softmax, which Triton 3.6's own
-warp specialisation cannot express (benchmarks/results/NOTES.md, "Ninth" and "Eighteenth session").
+warp specialisation cannot express (docs/tuning.md, Hopper forward).
 
 Same contract as fwd.attn_fwd (layout, GQA, bands, softcap, ALiBi, dropout; lse in base 2), for 16-bit inputs with a
-head of 64 or 128 and no segment ids or positions: which calls take it is jax_flash_amd/_launch.py gluon_forward. The
+head of 64 or 128 and no segment ids or positions: which calls take it is jax_flash_amd/plan.py gluon_forward_row. The
 scores and the mask are scores.py's and masking.py's, called from here. FP8 (P8_LOG2 > 0): fwd.attn_fwd's scheme
 (the descales, P scaled by 2 ** P8_LOG2 and rounded to fp8, V transposed by fwd.keys_last: fp8 wgmma reads B with its
 contraction dimension contiguous; here with its keys in fwd.mma_order's order, _pv), the output bfloat16 through a
@@ -19,7 +19,7 @@ One program per (128 queries, batch element, head), in masking.tile_order's orde
 Descriptors are bounded at the end of the program's batch element (masking.element_tiles' rule), so a ragged block
 reads zeros there and its output rows past the end are not stored.
 
-Persistent (N_ROWS > 0; configs.SM90_GLUON_FWD's PERSISTENT rows, _launch.gluon_programs): a grid of about one program
+Persistent (N_ROWS > 0; configs.SM90_GLUON_FWD's PERSISTENT rows, plan.gluon_programs): a grid of about one program
 per SM, each running its tiles in masking.persistent_tile's order with one descriptor per tensor (whole query and key
 blocks only), the K / V rings' position carried from tile to tile; the groups release Q's buffer after a tile's last
 q.k (q_empty), and the output has buffers of its own, so the load warp brings the next tile's Q and keys while the
@@ -444,7 +444,7 @@ def _carried_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, Q
                    P8_LOG2: gl.constexpr):
     """_consume_tiles with CARRY: tile r's Q in q_smem[2 (r % 2) + HALF] (q_bar[r % 2], released to q_empty[r % 2]),
     the next tile's block 0 run at the end of the tile before. Tile 0's block 0 comes first, so a program needs at
-    least one round (_launch.persistent_programs: never more programs than tiles)."""
+    least one round (plan.persistent_programs: never more programs than tiles)."""
     s_layout: gl.constexpr = _layout("s", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
     o_layout: gl.constexpr = _layout("o", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
     p_layout: gl.constexpr = _layout("p", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)

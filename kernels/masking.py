@@ -61,7 +61,7 @@ def tile_order(BANDED: tl.constexpr, GROUP_PROGRAMS: tl.constexpr):
     block-major within a group (every row's block 0, then block 1...): the GPU starts programs in launch order,
     so the heaviest of the group's rows start first and its last wave is light; a group's rows are few, and share
     L2. (Two-sided bands, windows, have blocks of about equal work.) The same order in numpy:
-    jax_flash_amd/_launch.py tiled_order."""
+    jax_flash_amd/plan.py tiled_order."""
     if BANDED == 1:
         n = tl.num_programs(0)
         per = tl.maximum(GROUP_PROGRAMS // n, 1)  # rows per group
