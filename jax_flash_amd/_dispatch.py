@@ -98,7 +98,7 @@ def _reference(q, k, v, extras: Operands, opts: Options):
 def _reference_options(extras: Operands, opts: Options) -> dict:
     return dict(band=opts.band, softmax_scale=opts.softmax_scale, softcap=opts.softcap, alibi_slopes=extras.slopes,
                 dropout_p=opts.dropout_p, dropout_seeds=extras.seeds, q_segment_ids=extras.q_segment_ids,
-                kv_segment_ids=extras.kv_segment_ids, positions=extras.positions)
+                kv_segment_ids=extras.kv_segment_ids, positions=extras.positions, bias=extras.bias, mask=extras.mask)
 
 
 def _forward(opts: Options, treedef, q, k, v, *leaves):
@@ -135,22 +135,22 @@ def _first_order_only(fn):
 
 
 @functools.cache
-def _kernel_calls(opts: Options, group: int, treedef):
+def _kernel_calls(opts: Options, group: int, treedef, axes: tuple[str, ...]):
     """(forward, backward) kernel calls of these options, query heads per key/value head and optional
-    operands (treedef of an Operands), with their vmap and sharding rules."""
-    fwd_rule, bwd_rule = _spmd.rules(_axes(treedef))
+    operands (treedef of an Operands, axes: their Operands.axes), with their vmap and sharding rules; with a
+    dense bias the backward also returns its gradient."""
+    fields = jax.tree.unflatten(treedef, list(axes))
+    fwd_rule, bwd_rule = _spmd.rules(axes, fields.bias)
     partition = BACKENDS[opts.implementation].partitionable
+    # the bias's gradient (the backward's fourth result) of the operand after q, k, v and those before it
+    summed = ((3, 3 + fields.present().index("bias")),) if fields.bias is not None else ()
     return (_first_order_only(_spmd.wrap(functools.partial(_forward, opts, treedef), fwd_rule, group, partition)),
-            _first_order_only(_spmd.wrap(functools.partial(_backward, opts, treedef), bwd_rule, group, partition)))
-
-
-def _axes(treedef) -> tuple[str, ...]:
-    """Operands.axes of the structure treedef (its leaves are the present fields, in order)."""
-    return jax.tree.unflatten(treedef, [np.zeros(())] * treedef.num_leaves).axes()
+            _first_order_only(_spmd.wrap(functools.partial(_backward, opts, treedef), bwd_rule, group, partition,
+                                         summed)))
 
 
 def _calls(q, k, extras: Operands, opts: Options):
-    return _kernel_calls(opts, q.shape[2] // k.shape[2], jax.tree.structure(extras))
+    return _kernel_calls(opts, q.shape[2] // k.shape[2], jax.tree.structure(extras), extras.axes())
 
 
 def _forward_call(q, k, v, extras: Operands, opts: Options):
@@ -184,11 +184,14 @@ def _bwd_rule(opts: Options, residuals, cotangents):
     if fp8.is_fp8(q.dtype):
         raise TypeError(fp8.NO_GRADIENT)
     dout, dlse = cotangents
-    dq, dk, dv = _calls(q, k, extras, opts)[1](q, k, v, *jax.tree.leaves(extras), out, lse2,
-                                               dout.astype(out.dtype), dlse)
+    grads = _calls(q, k, extras, opts)[1](q, k, v, *jax.tree.leaves(extras), out, lse2, dout.astype(out.dtype), dlse)
+    dq, dk, dv = grads[:3]
     like = (q, k, v, dout, dlse)  # inside shard_map: the cotangents must vary as the primals do
+    d_extras = jax.tree.map(lambda x: _spmd.match_varying(_zero_cotangent(x), x), extras)
+    if extras.bias is not None:  # the bias's gradient, the one operand that has one
+        d_extras = dataclasses.replace(d_extras, bias=_spmd.match_varying(grads[3], *like, extras.bias))
     return (_spmd.match_varying(dq, *like), _spmd.match_varying(dk, *like), _spmd.match_varying(dv, *like),
-            jax.tree.map(lambda x: _spmd.match_varying(_zero_cotangent(x), x), extras))
+            d_extras)
 
 
 flash_attention.defvjp(_fwd_rule, _bwd_rule)

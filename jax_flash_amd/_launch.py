@@ -111,12 +111,41 @@ def segment_ranges(ids, other_ids, block: int) -> jax.Array:
     return jnp.stack([lo, hi], axis=-1).astype(jnp.int32)
 
 
-def _ranges(extras: Operands, query_side: bool, block: int):
-    """segment_ranges of query blocks (query_side) or key blocks; a placeholder without segment ids."""
-    if extras.q_segment_ids is None:
-        return jnp.zeros((1,), jnp.int32)
-    ids, other = extras.q_segment_ids, extras.kv_segment_ids
-    return segment_ranges(ids, other, block) if query_side else segment_ranges(other, ids, block)
+def mask_ranges(mask, batch: int, seq_q: int, seq_k: int, block: int, query_side: bool) -> jax.Array:
+    """(batch, blocks, 2) int32: for each block of `block` queries (query_side) or keys, the range [lo, hi) of
+    keys (or queries) that a dense mask (batch | 1, heads | 1, seq_q | 1, seq_k | 1) lets any of the block's
+    positions see, in any head; [0, 0) where it hides them all. The kernels visit only those blocks."""
+    seen = jnp.any(mask, axis=1)  # (batch | 1, seq_q | 1, seq_k | 1)
+    if not query_side:
+        seen = jnp.swapaxes(seen, 1, 2)
+        seq_q, seq_k = seq_k, seq_q
+    n = _cdiv(seq_q, block)
+    if seen.shape[1] == 1:
+        seen = jnp.broadcast_to(seen, (seen.shape[0], n, seen.shape[2]))
+    else:
+        seen = jnp.pad(seen, ((0, 0), (0, n * block - seq_q), (0, 0))).reshape(seen.shape[0], n, block, -1).any(2)
+    some = seen.any(-1)
+    if seen.shape[2] == 1:  # the same for every key: all of them or none
+        lo, hi = jnp.zeros_like(some, jnp.int32), jnp.where(some, seq_k, 0)
+    else:
+        lo = jnp.where(some, jnp.argmax(seen, -1), 0)
+        hi = jnp.where(some, seq_k - jnp.argmax(seen[..., ::-1], -1), 0)
+    return jnp.broadcast_to(jnp.stack([lo, hi], -1).astype(jnp.int32), (batch, n, 2))
+
+
+def _ranges(extras: Operands, query_side: bool, block: int, q, k):
+    """The kernels' KeyRanges (query_side: for each query block, the keys it may see) or QueryRanges: from the
+    segment ids (segment_ranges) and the dense mask (mask_ranges), both where both are given; a placeholder
+    without either."""
+    ranges = None
+    if extras.q_segment_ids is not None:
+        ids, other = extras.q_segment_ids, extras.kv_segment_ids
+        ranges = segment_ranges(ids, other, block) if query_side else segment_ranges(other, ids, block)
+    if extras.mask is not None:
+        masked = mask_ranges(extras.mask, q.shape[0], q.shape[1], k.shape[1], block, query_side)
+        ranges = masked if ranges is None else jnp.stack(
+            [jnp.maximum(ranges[..., 0], masked[..., 0]), jnp.minimum(ranges[..., 1], masked[..., 1])], -1)
+    return jnp.zeros((1,), jnp.int32) if ranges is None else ranges
 
 
 def _scalars(q, k, statics: Statics) -> dict:
@@ -181,7 +210,8 @@ def execute_forward(plan: Plan, run: Run, q, k, v, extras: Operands, statics: St
                                     (jax.ShapeDtypeStruct(q.shape, out_dtype), lse_shape), extras))
         elif step.role == "fwd":
             partial = step.flags["EDGES"] == 1
-            inputs = dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, step.flags["BLOCK_M"]), batch=b, **scalars)
+            inputs = dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, step.flags["BLOCK_M"], q, k), batch=b,
+                          **scalars)
             out, lse = run(_of_step(step, fwd.attn_fwd, dict(inputs, Part=_placeholder(), PartLse=_placeholder()),
                                     (jax.ShapeDtypeStruct(q.shape, jnp.float32 if partial else out_dtype),
                                      lse_shape), extras))
@@ -197,23 +227,31 @@ def execute_forward(plan: Plan, run: Run, q, k, v, extras: Operands, statics: St
 
 def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Operands = Operands(), *,
              statics: Statics, rows=None, policy=None):
-    """(dq, dk, dv) for cotangents dout (like out) and dlse (of the natural lse); lse2 as forward returns it."""
+    """(dq, dk, dv) for cotangents dout (like out) and dlse (of the natural lse); lse2 as forward returns it. With
+    a dense bias, (dq, dk, dv, dbias)."""
     plan = plans.plan_backward(call_of(target, q, k, extras, statics, rows, policy))
     if plan.step("dqds") is None:
-        return _seven_products(plan, run, q, k, v, out, lse2, dout, dlse, extras, statics)
-    kv_heads, group = k.shape[2], q.shape[2] // k.shape[2]
-    heads = kv_heads // plan.head_groups
-    delta = _delta(out, dout, dlse)  # dK/dV runs first here
-    parts = []
-    for lo in range(0, kv_heads, heads):  # by heads: each launch a whole attention of its heads, no partial sums
-        qh, kh = slice(lo * group, (lo + heads) * group), slice(lo, lo + heads)
-        inputs = (q[:, :, qh], k[:, :, kh], v[:, :, kh], lse2[:, qh], delta[:, qh], dout[:, :, qh])
-        if parts:  # one group after another, so that one workspace is live at a time
-            _, inputs = jax.lax.optimization_barrier((parts[-1], inputs))
-        parts.append(_ds_path(plan, run, *inputs, extras.heads(lo, lo + heads, group), statics))
-    if len(parts) == 1:
-        return parts[0]
-    return tuple(jnp.concatenate(g, axis=2) for g in zip(*parts))
+        (dq, dk, dv), delta = _seven_products(plan, run, q, k, v, out, lse2, dout, dlse, extras, statics)
+    else:
+        kv_heads, group = k.shape[2], q.shape[2] // k.shape[2]
+        heads = kv_heads // plan.head_groups
+        delta = _delta(out, dout, dlse)  # dK/dV runs first here
+        parts = []
+        for lo in range(0, kv_heads, heads):  # by heads: each launch a whole attention of its heads, no partial sums
+            qh, kh = slice(lo * group, (lo + heads) * group), slice(lo, lo + heads)
+            inputs = (q[:, :, qh], k[:, :, kh], v[:, :, kh], lse2[:, qh], delta[:, qh], dout[:, :, qh])
+            if parts:  # one group after another, so that one workspace is live at a time
+                _, inputs = jax.lax.optimization_barrier((parts[-1], inputs))
+            parts.append(_ds_path(plan, run, *inputs, extras.heads(lo, lo + heads, group), statics))
+        dq, dk, dv = parts[0] if len(parts) == 1 else (jnp.concatenate(g, axis=2) for g in zip(*parts))
+    step = plan.step("dbias")
+    if step is None:
+        return dq, dk, dv
+    (dbias,) = run(_of_step(step, bwd.attn_bwd_dbias,
+                            dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, step.flags["BLOCK_M"], q, k),
+                                 dOut=dout, Lse=lse2, Delta=delta, batch=q.shape[0], **_scalars(q, k, statics)),
+                            (jax.ShapeDtypeStruct(extras.bias.shape, extras.bias.dtype),), extras))
+    return dq, dk, dv, dbias
 
 
 def _delta(out, dout, dlse):
@@ -240,16 +278,16 @@ def _ds_path(plan: Plan, run: Run, q, k, v, lse2, delta, dout, extras: Operands,
 
 
 def _seven_products(plan: Plan, run: Run, q, k, v, out, lse2, dout, dlse, extras: Operands, statics: Statics):
-    """dQ first (it also writes delta, which the dK/dV kernel reads), then dK/dV."""
+    """((dq, dk, dv), delta): dQ first (it also writes delta, which the dK/dV kernel reads), then dK/dV."""
     b, sq, h, _ = q.shape
     step = plan.step("dq")
     dq, delta = run(_of_step(step, bwd.attn_bwd_dq,
-                             dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, step.flags["BLOCK_M"]), Out=out,
+                             dict(Q=q, K=k, V=v, KeyRanges=_ranges(extras, True, step.flags["BLOCK_M"], q, k), Out=out,
                                   dOut=dout, dLse=dlse, Lse=lse2, **_scalars(q, k, statics)),
                              (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
                              extras))
     dk, dv, _ = _dkdv(plan, run, q, k, v, dout, lse2, delta, extras, statics)
-    return dq, dk, dv
+    return (dq, dk, dv), delta
 
 
 def _dkdv(plan: Plan, run: Run, q, k, v, dout, lse2, delta, extras: Operands, statics: Statics):
@@ -272,7 +310,7 @@ def _dkdv(plan: Plan, run: Run, q, k, v, dout, lse2, delta, extras: Operands, st
                             (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
                              jax.ShapeDtypeStruct(workspace, q.dtype)), extras))
     edges = plan.step("dkdv_edges")
-    inputs = dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, step.flags["BLOCK_N"]), dOut=dout, Lse=lse2,
+    inputs = dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, step.flags["BLOCK_N"], q, k), dOut=dout, Lse=lse2,
                   Delta=delta, batch=b, **scalars)
     part = jnp.float32 if edges else None
     dk, dv, ds_out = run(_of_step(

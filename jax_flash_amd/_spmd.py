@@ -26,22 +26,27 @@ from jax.sharding import NamedSharding, PartitionSpec
 # r and p axes a device holds whole. The optional operands (operands.Operands) bring their own axes.
 
 
-def rules(extra_axes: tuple[str, ...] = ()) -> tuple[str, str]:
+def rules(extra_axes: tuple[str, ...] = (), bias_axes: str | None = None) -> tuple[str, str]:
     """(forward, backward) rules for q, k, v, then optional operands of these axes (operands.Operands.axes):
-    forward -> out, lse; backward: ..., out, lse, dout, dlse -> dq, dk, dv."""
+    forward -> out, lse; backward: ..., out, lse, dout, dlse -> dq, dk, dv (and dbias, of bias_axes, where the
+    call has a dense bias)."""
     extra = "".join(f", {a}" for a in extra_axes)
     fwd = f"b s (h g) d, b t h d, b t h d{extra} -> b s (h g) d, b (h g) s"
     bwd = (f"b s (h g) d, b t h d, b t h d{extra}, b s (h g) d, b (h g) s, b s (h g) d, b (h g) s"
-           " -> b s (h g) d, b t h d, b t h d")
+           " -> b s (h g) d, b t h d, b t h d" + (f", {bias_axes}" if bias_axes else ""))
     return fwd, bwd
 
 
-_WHOLE = ("s", "d", "t", "r", "p")  # factors a device must hold entirely (in order of first use: Shardy wants it)
+# factors a device must hold entirely (in order of first use: Shardy wants it); x0..x3: a dense operand's axes of
+# size one (operands.Operands.axes)
+_WHOLE = ("s", "d", "t", "r", "p", "x0", "x1", "x2", "x3")
 
 
-def wrap(fn, rule: str, group: int = 1, partition: bool = True):
+def wrap(fn, rule: str, group: int = 1, partition: bool = True, summed: tuple[tuple[int, int], ...] = ()):
     """fn(*arrays) -> tuple of arrays, with the vmap and (if partition) sharding rules above: `rule`
-    names every array's axes (axis 0 is always the batch); group: query heads per key/value head.
+    names every array's axes (axis 0 is always the batch, of size one for a dense operand broadcast over it; vmap
+    then gives it one per row, and sums the gradients `summed` names, (result, operand), back); group: query heads
+    per key/value head.
     partition=False for host-callback bodies (the interpreter): JAX frees callbacks lowered inside a
     custom_partitioning rule too early (jax-ml/jax#23620, a crash), so those run unpartitioned (XLA
     gathers their operands)."""
@@ -67,10 +72,24 @@ def wrap(fn, rule: str, group: int = 1, partition: bool = True):
 
     @batched.def_vmap
     def _fold(axis_size, in_batched, *arrays):
-        arrays = [x if mapped else jnp.broadcast_to(x, (axis_size, *x.shape))
-                  for x, mapped in zip(arrays, in_batched)]
-        outs = batched(*[x.reshape(axis_size * x.shape[1], *x.shape[2:]) for x in arrays])
-        return tuple(o.reshape(axis_size, -1, *o.shape[1:]) for o in outs), tuple(True for _ in outs)
+        batch = arrays[0].shape[1] if in_batched[0] else arrays[0].shape[0]
+        folded, spread = [], set()
+        differentiated = {operand for _, operand in summed}
+        for i, (x, mapped) in enumerate(zip(arrays, in_batched)):
+            if not mapped and x.shape[0] == 1 < batch and i not in differentiated:
+                folded.append(x)  # a dense operand broadcast over the batch serves the folded batch as it is
+                continue
+            if not mapped:
+                x = jnp.broadcast_to(x, (axis_size, *x.shape))
+            if x.shape[1] == 1 < batch:  # broadcast over the batch: one per row, for a gradient per mapped row
+                x = jnp.broadcast_to(x, (axis_size, batch, *x.shape[2:]))
+                spread.add(i)
+            folded.append(x.reshape(axis_size * x.shape[1], *x.shape[2:]))
+        outs = [o.reshape(axis_size, -1, *o.shape[1:]) for o in batched(*folded)]
+        for out, operand in summed:  # a gradient of an operand spread over the batch: summed back
+            if operand in spread:
+                outs[out] = outs[out].sum(1, keepdims=True)
+        return tuple(outs), tuple(True for _ in outs)
 
     return batched
 

@@ -22,7 +22,7 @@ MAX_HEAD_DIM = 256
 def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
               window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
               dropout_p: float = 0.0, dropout_rng=None, q_segment_ids=None, kv_segment_ids=None,
-              q_descale=None, k_descale=None, v_descale=None, return_lse: bool = False,
+              q_descale=None, k_descale=None, v_descale=None, bias=None, mask=None, return_lse: bool = False,
               implementation: str | None = None):
     """Exact softmax attention, O(seq) memory, differentiable, as FlashAttention computes it.
 
@@ -65,6 +65,12 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
         multiplied by v_descale. Output bfloat16. float8_e4m3fn runs on NVIDIA Hopper and AMD gfx950,
         float8_e4m3fnuz on gfx942 (MI300); both in the interpreter. Differentiating an fp8 call raises
         TypeError; dropout is refused (training only).
+      bias: an additive bias of the logits, float16 / bfloat16 / float32, of a shape that broadcasts to (batch,
+        heads_q, seq_q, seq_k) (a shorter rank gains leading axes; each axis its size or 1), added after softcap
+        and ALiBi; read tile by tile, never expanded. Differentiable: its gradient is summed over the axes it
+        broadcasts along.
+      mask: a boolean mask of such a shape: False hides a (query, key) pair, as causal or a window do. Blocks of
+        keys it hides from every query of a block are skipped. A row it hides entirely gives output 0.
       return_lse: also return the logsumexp of the scaled logits, (batch, heads, seq_q) float32,
         natural log; it is differentiable too.
       implementation: "triton" (GPU: CUDA or ROCm), "interpret" (the same Triton kernels in Triton's
@@ -81,7 +87,7 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     """
     q, k, v, extras, opts = _prepare(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p,
                                      dropout_rng, q_segment_ids, kv_segment_ids, q_descale, k_descale, v_descale,
-                                     return_lse, _dispatch.choose_implementation(implementation))
+                                     return_lse, _dispatch.choose_implementation(implementation), bias=bias, mask=mask)
     b, sq, h, _ = q.shape
     if q.size == 0 or k.shape[1] == 0:  # nothing to attend to (or nothing to compute): no kernel launch
         out = jnp.zeros(q.shape, jnp.bfloat16 if fp8.is_fp8(q.dtype) else q.dtype)
@@ -92,9 +98,11 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
 
 
 def _prepare(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, dropout_rng,
-             q_segment_ids, kv_segment_ids, q_descale, k_descale, v_descale, return_lse, impl: str, target=None):
+             q_segment_ids, kv_segment_ids, q_descale, k_descale, v_descale, return_lse, impl: str, target=None,
+             bias=None, mask=None, band: Band | None = None, positions=None):
     """attention's arguments checked: (q, k, v, Operands, dispatch.Options). target: the kernels' target where it
-    is not this machine's (explain)."""
+    is not this machine's (explain). band, positions: a band and Operands.positions given by the caller
+    (dot_product_attention's top-left alignment) in place of causal and window_size's."""
     q, k, v = _check_arrays(q, k, v)
     _check_flag("causal", causal)
     _check_flag("return_lse", return_lse)
@@ -105,15 +113,17 @@ def _prepare(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
     dropout_p = _check_dropout(dropout_p, dropout_rng)
     q_seg, kv_seg = _check_segment_ids(q_segment_ids, kv_segment_ids, q.shape[:2], k.shape[:2])
     descales = _check_descales(q, k, (q_descale, k_descale, v_descale), dropout_p)
+    dense = {name: _check_dense(name, x, q.shape, k.shape[1], descales) for name, x in (("bias", bias), ("mask", mask))}
     if descales is not None and impl != "xla":
         fp8.check_supported(target or _dispatch.backend(impl)[1], q.dtype)
     b, sq, h, _ = q.shape
     if impl != "xla":
         _check_kernel_limits(q, k)
     extras = Operands(slopes=slopes, seeds=reference.dropout_seeds(dropout_rng, b, h) if dropout_p > 0 else None,
-                      q_segment_ids=q_seg, kv_segment_ids=kv_seg, **dict(zip(_DESCALES, descales or (None,) * 3)))
+                      q_segment_ids=q_seg, kv_segment_ids=kv_seg, positions=positions,
+                      **dict(zip(_DESCALES, descales or (None,) * 3)), **dense)
     opts = _dispatch.Options(implementation=impl, softmax_scale=scale, softcap=softcap, dropout_p=dropout_p,
-                             band=Band.of(causal, window, sq, k.shape[1]), policy=plan.active())
+                             band=band or Band.of(causal, window, sq, k.shape[1]), policy=plan.active())
     return q, k, v, extras, opts
 
 
@@ -162,7 +172,7 @@ def explain(q, k, v, *, target: str | None = None, causal: bool = False, softmax
     q, k, _, extras, opts = found["call"]
     if impl == "xla":
         return plan.Explanation("xla", None, None, None)
-    call = plan.Call.of(target, q, k, extras, opts.statics, here=target == _here())
+    call = plan.Call.of(target, q, k, extras, opts.statics, opts.policy, here=target == _here())
     if q.size == 0 or k.shape[1] == 0:
         return plan.Explanation(impl, target, None, None)
     return plan.Explanation(impl, target, plan.plan_forward(call), None if call.fp8 else plan.plan_backward(call))
@@ -328,6 +338,32 @@ def _int32_ids(q_ids, kv_ids):
         ranks = jax.vmap(lambda row: jnp.searchsorted(jnp.sort(row), row))(both)
     ranks = jnp.asarray(ranks, jnp.int32)
     return ranks[:, :q_ids.shape[1]], ranks[:, q_ids.shape[1]:]
+
+
+_BIAS_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32)
+
+
+def _check_dense(name: str, x, q_shape, seq_k: int, descales):
+    """None, or a bias / mask as a 4-D array broadcastable to (batch, heads_q, seq_q, seq_k), each axis its size
+    or 1 (a shorter rank gains leading axes of 1, as in jax.nn.dot_product_attention); never expanded."""
+    if x is None:
+        return None
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name} must be an array broadcastable to (batch, heads_q, seq_q, seq_k); got "
+                        f"{type(x).__name__}")
+    dtype = jnp.dtype(x.dtype)
+    if name == "mask" and dtype != jnp.bool_:
+        raise TypeError(f"mask must be a boolean array (True: the pair is attended); got {dtype}")
+    if name == "bias" and dtype not in [jnp.dtype(d) for d in _BIAS_DTYPES]:
+        raise TypeError(f"bias must be float16, bfloat16 or float32; got {dtype}")
+    if descales is not None:
+        raise ValueError(f"{name} with float8 inputs: the fp8 forward takes no dense bias or mask")
+    full = (q_shape[0], q_shape[2], q_shape[1], seq_k)
+    if x.ndim > 4 or any(n not in (1, f) for n, f in zip(x.shape[::-1], full[::-1])):
+        raise ValueError(f"{name} must broadcast to (batch, heads_q, seq_q, seq_k) = {full}, each axis its size or "
+                         f"1; got shape {tuple(x.shape)}")
+    x = jnp.asarray(x)
+    return x.reshape((1,) * (4 - x.ndim) + x.shape)
 
 
 def _check_descales(q, k, given, dropout_p: float):

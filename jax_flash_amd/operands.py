@@ -9,7 +9,9 @@ that reads it):
 - a kernel launch passes every field a kernel names in its signature (`param`): the array, or a
   one-element placeholder of the field's dtype, and sets the field's constexpr `flag` (if the kernel
   has it) to whether it is present, so the kernel never reads a placeholder.
-All of them are constants of the call: their cotangent is zero, as in FlashAttention.
+All of them but the bias are constants of the call: their cotangent is zero, as in FlashAttention.
+Dense fields (a mask and a bias over (batch, query heads, seq_q, seq_k), any of those axes of size one where they
+broadcast) set their flag to their layout (dense_layout), which tells the kernels which axes they vary along.
 """
 from __future__ import annotations
 
@@ -24,13 +26,25 @@ import jax.numpy as jnp
 class Spec:
     axes: str  # Shardy factors (_spmd): b batch, s query and t key positions, h key/value heads, g query
     #            heads per key/value head ("(h g)" = query heads), r and p axes a device holds whole
-    dtype: Any  # what the kernel reads (a same-width bitcast of the array when the dtypes differ)
+    dtype: Any  # what the kernel reads (a same-width bitcast of the array when the dtypes differ; None: its own)
     param: str  # the kernel parameter it is passed as
     flag: str | None = None  # a kernel constexpr told whether it is present (None: the kernel knows otherwise)
+    dense: bool = False  # (batch | 1, query heads | 1, seq_q | 1, seq_k | 1): the flag is its layout
 
 
-def _field(axes: str, dtype, param: str, flag: str | None = None):
-    return dataclasses.field(default=None, metadata={"spec": Spec(axes, jnp.dtype(dtype), param, flag)})
+def _field(axes: str, dtype, param: str, flag: str | None = None, dense: bool = False):
+    spec = Spec(axes, None if dtype is None else jnp.dtype(dtype), param, flag, dense)
+    return dataclasses.field(default=None, metadata={"spec": spec})
+
+
+def dense_layout(x) -> int:
+    """The kernels' layout constexpr of a dense operand (kernels/masking.py dense_plane): 1, + 2 if it varies
+    along queries, + 4 along keys, + 8 along the batch, + 16 along heads."""
+    _, h, t, s = x.shape
+    return 1 + 2 * (t > 1) + 4 * (s > 1) + 8 * (x.shape[0] > 1) + 16 * (h > 1)
+
+
+DENSE_AXES = ("b", "(h g)", "s", "t")  # a dense operand's factors where an axis is whole; x0..x3 where it is one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,14 +63,26 @@ class Operands:
     # dropout's hash follow those positions (kernels/masking.py `place`). Per batch row, so vmap and
     # sharding treat it like the other operands.
     positions: Any = _field("b p", jnp.int32, "Positions", "POSITIONS")
+    # dense operands (batch | 1, query heads | 1, seq_q | 1, seq_k | 1): an additive bias (logits += bias, its
+    # own float dtype) and a boolean mask (False hides a pair)
+    bias: Any = _field(" ".join(DENSE_AXES), None, "Bias", "BIAS", dense=True)
+    mask: Any = _field(" ".join(DENSE_AXES), jnp.bool_, "Mask", "MASK", dense=True)
 
     def present(self) -> tuple[str, ...]:
         """Names of the fields that hold arrays, in declaration (= leaf) order."""
         return tuple(f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None)
 
     def axes(self) -> tuple[str, ...]:
-        """The sharding-rule axes of the present fields (leaf order)."""
-        return tuple(SPECS[name].axes for name in self.present())
+        """The sharding-rule axes of the present fields (leaf order); a dense field's axes of size one (where it
+        broadcasts) get factors of their own, x0..x3, which a device holds whole."""
+        out = []
+        for name in self.present():
+            spec, x = SPECS[name], getattr(self, name)
+            if spec.dense:
+                out.append(" ".join(f if n > 1 else f"x{i}" for i, (f, n) in enumerate(zip(DENSE_AXES, x.shape))))
+            else:
+                out.append(spec.axes)
+        return tuple(out)
 
     def kernel_args(self, params) -> dict[str, Any]:
         """{kernel parameter: array or placeholder} for the parameters of `params` that are fields."""
@@ -65,8 +91,8 @@ class Operands:
             if spec.param in params:
                 x = getattr(self, name)
                 if x is None:
-                    x = jnp.zeros((1,), spec.dtype)
-                elif x.dtype != spec.dtype:
+                    x = jnp.zeros((1,), spec.dtype or jnp.float32)
+                elif spec.dtype is not None and x.dtype != spec.dtype:
                     x = jax.lax.bitcast_convert_type(x, spec.dtype)
                 args[spec.param] = x
         return args
@@ -78,16 +104,21 @@ class Operands:
         for name in self.present():
             x = getattr(self, name)
             for axis, factor in enumerate(SPECS[name].axes.replace("(h g)", "q").split()):
-                if factor in ("q", "h"):
+                if factor in ("q", "h") and x.shape[axis] > 1 or factor == "h":
                     scale = group if factor == "q" else 1
                     x = jax.lax.slice_in_dim(x, lo * scale, hi * scale, axis=axis)
             parts[name] = x
         return dataclasses.replace(self, **parts)
 
-    def kernel_flags(self, params) -> dict[str, bool]:
-        """{constexpr: whether its operand is present} for the flags of `params`."""
-        return {spec.flag: getattr(self, name) is not None for name, spec in SPECS.items()
-                if spec.flag and spec.flag in params}
+    def kernel_flags(self, params) -> dict[str, bool | int]:
+        """{constexpr: whether its operand is present (a dense one: its layout, 0 absent)} for the flags of
+        `params`."""
+        flags = {}
+        for name, spec in SPECS.items():
+            if spec.flag and spec.flag in params:
+                x = getattr(self, name)
+                flags[spec.flag] = (dense_layout(x) if x is not None else 0) if spec.dense else x is not None
+        return flags
 
 
 SPECS = {f.name: f.metadata["spec"] for f in dataclasses.fields(Operands)}

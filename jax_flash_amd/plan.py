@@ -101,6 +101,7 @@ class Call:
     compiled_warps: bool = True  # launches use the compiled warp count (warp specialisation, Gluon)
     interpreted: bool = False  # the kernels were built for Triton's interpreter
     policy: Policy = DEFAULT
+    bias_shape: tuple[int, ...] = ()  # a dense bias's (batch | 1, heads | 1, seq_q | 1, seq_k | 1)
 
     @classmethod
     def of(cls, target: str, q, k, extras=None, statics=None, policy: Policy | None = None, here: bool = True
@@ -121,7 +122,8 @@ class Call:
                    frozenset(extras.present()) if extras is not None else frozenset(),
                    compute_units=policy.compute_units or units,
                    compiled_warps=policy.compiled_warps if policy.compiled_warps is not None else warps,
-                   interpreted=interp, policy=policy)
+                   interpreted=interp, policy=policy,
+                   bias_shape=tuple(extras.bias.shape) if extras is not None and extras.bias is not None else ())
 
     @property
     def group(self) -> int:
@@ -168,6 +170,11 @@ class Call:
     @property
     def segments(self) -> bool:
         return self.has("q_segment_ids", "kv_segment_ids")
+
+    @property
+    def dense(self) -> bool:
+        """A dense mask or bias (read tile by tile by the Triton pointer kernels)."""
+        return self.has("bias", "mask")
 
     def heads_slice(self, kv_heads: int) -> Call:
         """The call of `kv_heads` of its key/value heads (and their query heads): a launch by head groups."""
@@ -325,8 +332,10 @@ def _whole_16bit_tiles(call: Call) -> bool:
 
 def takes_tma(call: Call) -> bool:
     """Whether a call may take TMA rows (sm90): whole 16-bit head tiles, no segment ids (Triton 3.6's
-    warp-specialisation pass fails on that loop), not dropout in a narrow window (its pointer rows are faster)."""
-    return _whole_16bit_tiles(call) and not call.segments and not (call.dropout_p > 0 and call.narrow)
+    warp-specialisation pass fails on that loop) nor a dense mask or bias (the TMA loops read neither), not dropout
+    in a narrow window (its pointer rows are faster)."""
+    return (_whole_16bit_tiles(call) and not call.segments and not call.dense
+            and not (call.dropout_p > 0 and call.narrow))
 
 
 def dkdv_takes_tma(call: Call) -> bool:
@@ -485,6 +494,8 @@ def _gluon_takes(call: Call, role: str) -> str | None:
         return "not whole 16-bit (or fp8) head tiles"
     if call.segments or call.has("positions"):
         return "segment ids or positions"
+    if call.dense:
+        return "a dense mask or bias"
     if not call.compiled_warps or call.interpreted:
         return "launches do not use the compiled warp count"
     return None
@@ -610,6 +621,8 @@ def _why_no_tma(call: Call) -> str:
         return "not whole 16-bit head tiles"
     if call.segments:
         return "segment ids"
+    if call.dense:
+        return "a dense mask or bias"
     return "dropout in a narrow window"
 
 
@@ -743,12 +756,25 @@ def plan_backward(call: Call) -> Plan:
                        "tiled", flags, dq.options(), "dS path: dQ = scale dS K, one product per tile")]
         how = "dS path" + (f", {call.kv_heads // heads} head groups" if heads < call.kv_heads else "")
         steps[1] = dataclasses.replace(steps[1], reason=f"{how}; {steps[1].reason}")
-        return Plan(call, "backward", tuple(steps), head_groups=call.kv_heads // heads)
+        return Plan(call, "backward", tuple(steps) + _dbias_steps(call), head_groups=call.kv_heads // heads)
     dq = pick(call, "dq", takes_tma(call))
     dq_step = _step("dq", "attn_bwd_dq", dq, (_cdiv(call.seq_q, dq.block_m), call.batch * call.heads), "tiled",
                     {**_common(call), **_row_constexprs(call, dq)}, dq.options(),
                     f"{_ds_why(call, row)}; dQ writes delta", delta)
-    return Plan(call, "backward", (dq_step, *_dkdv_step(call, row, ds=False)))
+    return Plan(call, "backward", (dq_step, *_dkdv_step(call, row, ds=False)) + _dbias_steps(call))
+
+
+def _dbias_steps(call: Call) -> tuple[Step, ...]:
+    """The bias's gradient (kernels/bwd.py attn_bwd_dbias, on the dQ row's tiles, pointer loads): one program per
+    tile of the bias, each summing over the axes the bias broadcasts along. Without a bias, none."""
+    if not call.bias_shape:
+        return ()
+    row = pick(call, "dq", tma=False)
+    b, h, t, s = call.bias_shape
+    grid = (_cdiv(call.seq_q, row.block_m) if t > 1 else 1, _cdiv(call.seq_k, row.block_n) if s > 1 else 1, b * h)
+    flags = {**_common(call), "BLOCK_M": row.block_m, "BLOCK_N": row.block_n}
+    return (_step("dbias", "attn_bwd_dbias", row, grid, "tiled", flags, row.options(),
+                  "the bias's gradient, summed over the axes it broadcasts along (S and dP recomputed per tile)"),)
 
 
 # ----- the KV cache -----

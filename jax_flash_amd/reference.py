@@ -67,7 +67,7 @@ def segment_mask(q_segment_ids, kv_segment_ids) -> jax.Array:
 def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
               window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
               dropout_p: float = 0.0, dropout_seeds=None, q_segment_ids=None, kv_segment_ids=None,
-              band: Band | None = None, positions=None):
+              band: Band | None = None, positions=None, bias=None, mask=None):
     """(out, lse) for q (B, Sq, H, D), k/v (B, Sk, H_kv, D) with H a multiple of H_kv (grouped-query
     attention: query head h uses key/value head h // (H // H_kv)); lse (B, H, Sq) float32, natural log.
 
@@ -78,7 +78,9 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     by 1 / (1 - rate), rate = rules.dropout_rate(p) (p rounded to a multiple of 1/256); lse is that of
     the probabilities before dropout. band: the call's rules.Band when the caller has it (else made
     from causal and window_size). positions (B, 3) int32: the call is a block of a larger one
-    (operands.Operands.positions); band, ALiBi and dropout follow the larger call's positions.
+    (operands.Operands.positions); band, ALiBi and dropout follow the larger call's positions. bias (added to the
+    logits after softcap and ALiBi) and mask (bool: False hides a pair), each broadcastable to (B, H, Sq, Sk);
+    the bias gets a gradient (summed over the axes it broadcasts along).
 
     Gradients (reverse mode, any order; alibi_slopes get none) follow the kernels' backward, kernels/bwd.py:
     only (q, k, v, out, lse) are saved, P is recomputed (normalised by its row sum), and the softmax backward
@@ -92,7 +94,8 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     if band is None:
         band = Band.of(causal, tuple(window_size), q.shape[1], k.shape[1])
     static = _Static(band, float(scale), float(softcap), float(dropout_p))
-    return _attention(static, q, k, v, alibi_slopes, dropout_seeds, q_segment_ids, kv_segment_ids, positions)
+    return _attention(static, q, k, v, alibi_slopes, dropout_seeds, q_segment_ids, kv_segment_ids, positions, bias,
+                      mask)
 
 
 class _Static(NamedTuple):
@@ -115,7 +118,7 @@ def _keep(st: _Static, seeds, positions, seq_q: int, seq_k: int):
     return dropout_keep(seeds, seq_q, seq_k, st.dropout_p, *corner)
 
 
-def _logits(st: _Static, q, k, slopes, q_ids, kv_ids, positions):
+def _logits(st: _Static, q, k, slopes, q_ids, kv_ids, positions, bias=None, mask=None):
     """(s, dcap, seen): float32 logits (B, H, Sq, Sk) from dots of the input dtype (k already repeated
     per query head), d s / d(scale * q.k) (1 - tanh^2 with softcap, else None), and the visibility mask."""
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32, precision=_HIGHEST) * st.scale
@@ -130,9 +133,13 @@ def _logits(st: _Static, q, k, slopes, q_ids, kv_ids, positions):
         if shift is not None:
             dist = dist + shift[:, None, None, None]  # (B, 1, Sq, Sk)
         s = s - jax.lax.stop_gradient(slopes)[:, :, None, None] * jnp.abs(dist).astype(jnp.float32)
+    if bias is not None:
+        s = s + bias.astype(jnp.float32)
     seen = st.band.visible(sq, sk, shift)
     if q_ids is not None:
         seen = seen & segment_mask(q_ids, kv_ids)
+    if mask is not None:
+        seen = seen & mask
     return s, dcap, seen
 
 
@@ -144,10 +151,10 @@ def _per_query_head(q, k, v):
     return k, v
 
 
-def _forward(st: _Static, q, k, v, slopes, seeds, q_ids, kv_ids, positions):
+def _forward(st: _Static, q, k, v, slopes, seeds, q_ids, kv_ids, positions, bias=None, mask=None):
     """(out, lse), plain JAX (also what second derivatives differentiate)."""
     k, v = _per_query_head(q, k, v)
-    s, _, seen = _logits(st, q, k, slopes, q_ids, kv_ids, positions)
+    s, _, seen = _logits(st, q, k, slopes, q_ids, kv_ids, positions, bias, mask)
     s = jnp.where(seen, s, -jnp.inf)
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1))
     m = jnp.where(jnp.isfinite(m), m, 0.0)  # empty rows: exp(-inf - 0) = 0, no NaN
@@ -169,16 +176,21 @@ def _forward(st: _Static, q, k, v, slopes, seeds, q_ids, kv_ids, positions):
 _attention = jax.custom_vjp(_forward, nondiff_argnums=(0,))
 
 
-def _attention_fwd(st: _Static, q, k, v, slopes, seeds, q_ids, kv_ids, positions):
-    out, lse = _forward(st, q, k, v, slopes, seeds, q_ids, kv_ids, positions)
-    return (out, lse), (q, k, v, slopes, seeds, q_ids, kv_ids, positions, out, lse)
+def _attention_fwd(st: _Static, q, k, v, slopes, seeds, q_ids, kv_ids, positions, bias, mask):
+    out, lse = _forward(st, q, k, v, slopes, seeds, q_ids, kv_ids, positions, bias, mask)
+    return (out, lse), (q, k, v, slopes, seeds, q_ids, kv_ids, positions, bias, mask, out, lse)
 
 
 def _attention_bwd(st: _Static, res, cotangents):
     """The kernels' backward (kernels/bwd.py) in plain JAX, so it can be differentiated again."""
-    q, k, v, *operands, out, lse = res
-    dq, dk, dv = _gradients(st, q, k, v, *operands, out, lse, *cotangents, own=True)
-    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)) + (None,) * len(operands)
+    q, k, v, slopes, seeds, q_ids, kv_ids, positions, bias, mask, out, lse = res
+    dq, dk, dv, ds = _gradients(st, q, k, v, slopes, seeds, q_ids, kv_ids, positions, out, lse, *cotangents,
+                                own=True, bias=bias, mask=mask)
+    dbias = None
+    if bias is not None:  # dS, summed over the axes the bias broadcasts along
+        summed = tuple(i for i, n in enumerate(bias.shape) if n == 1 and ds.shape[i] > 1)
+        dbias = jnp.sum(ds, axis=summed, keepdims=True).astype(bias.dtype)
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, None, dbias, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -186,21 +198,22 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 def block_gradients(q, k, v, out, lse, dout, dlse, *, band: Band, softmax_scale: float, softcap: float = 0.0,
                     alibi_slopes=None, dropout_p: float = 0.0, dropout_seeds=None, q_segment_ids=None,
-                    kv_segment_ids=None, positions=None):
+                    kv_segment_ids=None, positions=None, bias=None, mask=None):
     """float32 (dq, dk, dv) of attention of q to a block of the keys (k, v) when out and lse (natural) are
     those of the whole call, over every key (ring attention's backward step): the block's exact share,
     computed as the kernels' backward does when handed that out and lse. Arguments as attention's."""
     st = _Static(band, float(softmax_scale), float(softcap), float(dropout_p))
     return _gradients(st, q, k, v, alibi_slopes, dropout_seeds, q_segment_ids, kv_segment_ids, positions, out, lse,
-                      dout, dlse, own=False)
+                      dout, dlse, own=False, bias=bias, mask=mask)[:3]
 
 
 def _gradients(st: _Static, q, k_in, v_in, slopes, seeds, q_ids, kv_ids, positions, out, lse, dout, dlse,
-               own: bool):
-    """float32 (dq, dk, dv). own: out and lse are this call's; else a larger call's (block_gradients)."""
+               own: bool, bias=None, mask=None):
+    """float32 (dq, dk, dv, dS): dS the logits' gradient (B, H, Sq, Sk) (the bias's, before any sum). own: out
+    and lse are this call's; else a larger call's (block_gradients)."""
     dtype = q.dtype
     k, v = _per_query_head(q, k_in, v_in)
-    s, dcap, seen = _logits(st, q, k, slopes, q_ids, kv_ids, positions)
+    s, dcap, seen = _logits(st, q, k, slopes, q_ids, kv_ids, positions, bias, mask)
     # Masked before exp: neither P nor its derivatives see inf - inf (empty rows: P = 0)
     seen = seen & jnp.isfinite(lse)[..., None]
     if own:
@@ -225,7 +238,8 @@ def _gradients(st: _Static, q, k_in, v_in, slopes, seeds, q_ids, kv_ids, positio
         delta = jnp.sum(p * dp, axis=-1) - dlse
     else:  # the kernels' form: this block's P does not sum to the whole row's
         delta = jnp.transpose(jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1), (0, 2, 1)) - dlse
-    ds = p * (dp - delta[..., None])
+    dlogits = p * (dp - delta[..., None])
+    ds = dlogits
     if dcap is not None:  # through softcap's tanh
         ds = ds * dcap
     ds = ds.astype(dtype)
@@ -237,4 +251,4 @@ def _gradients(st: _Static, q, k_in, v_in, slopes, seeds, q_ids, kv_ids, positio
     group = h // k_in.shape[2]
     if group > 1:  # a key/value head's gradient sums over the query heads that read it (in float32)
         dk, dv = (x.reshape(b, sk, h // group, group, d).sum(3) for x in (dk, dv))
-    return dq, dk, dv
+    return dq, dk, dv, dlogits

@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 
 from .dropout import dropped_ds, keep, load_seed
-from .masking import (element_tiles, head_start, key_blocks, load_ids, load_tile, persistent_rounds, persistent_tile,
-                      place, query_blocks, span_block, span_blocks, store_tile, tile_order, visible)
+from .masking import (dense_plane, element_tiles, head_start, key_blocks, load_ids, load_tile, persistent_rounds,
+                      persistent_tile, place, query_blocks, span_block, span_blocks, store_tile, tile_order, visible)
 from . import configs
 from .configs import TILED_GROUP_PROGRAMS
 from .scores import scores
@@ -62,14 +62,16 @@ def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, st
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
                POSITIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, LOAD_DELTA: tl.constexpr,
-               ds_desc=0, ds_row=0, STORE_DS: tl.constexpr = False, DS_BAND: tl.constexpr = False):
+               ds_desc=0, ds_row=0, STORE_DS: tl.constexpr = False, DS_BAND: tl.constexpr = False, bias=0, mask=0,
+               BIAS: tl.constexpr = 0, MASK: tl.constexpr = 0):
     """One query block's share of dk / dv (q, do [BM, BD], lse2 (_seen) loaded). delta [BM] comes loaded,
     or LOAD_DELTA: from Delta + row0 here, after dV's product (in that order AMD's loop is up to 6 %
     shorter, amd_report). STORE_DS: dS^T also goes to ds_desc at row ds_row (the dS path; ds_col)."""
     s_t, scale2, dlogit_t = scores(tl.dot(k, tl.trans(q), input_precision="ieee"), offs_m[None, :],
                                    offs_n[:, None], q_ids[None, :], k_ids[:, None], seq_q, seq_k, lo_off, hi_off,
                                    diag, sm_scale, softcap, slope, MASKED=MASKED, BANDED=BANDED,
-                                   SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP, ALIBI=ALIBI)  # [BN, BM]
+                                   SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP, ALIBI=ALIBI, bias=bias, mask=mask, BIAS=BIAS,
+                                   MASK=MASK)  # [BN, BM]
     p_t = tl.math.exp2(s_t * scale2 - lse2[None, :])
     kept_t = False
     pd_t = p_t  # dV's P: P keep (keep_scale on dV at the end: kept_scaled)
@@ -98,7 +100,8 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
                 SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
                 POSITIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, ds_desc=0, ds_rows=0,
-                STORE_DS: tl.constexpr = False, DS_BAND: tl.constexpr = False):
+                STORE_DS: tl.constexpr = False, DS_BAND: tl.constexpr = False, Bias=0, Mask=0,
+                BIAS: tl.constexpr = 0, MASK: tl.constexpr = 0):
     """Query blocks of [lo, hi) then [lo2, hi2), of each of the GROUP query heads that read key/value
     head h_kv: one flat loop (an outer loop over the heads costs registers, which spill at D 128), the
     heads innermost (the GROUP heads' tiles of one query block are read together). DK, DV: which of
@@ -125,12 +128,19 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
         do = load_tile(dOut + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
         lse2 = _lse2(Lse, row0, offs_m, seq_q)
         q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS and MASKED)
+        bias = 0
+        if BIAS:
+            bias = dense_plane(Bias, b, h, seq_q, seq_k, H, BIAS)
+        mask = 0
+        if MASK:
+            mask = dense_plane(Mask, b, h, seq_q, seq_k, H, MASK)
         dk, dv = _dkdv_tile(dk, dv, k, v, q, do, lse2, 0.0, Delta, row0, offs_m, offs_n, start_m, start_n, seq_q,
                             seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed, q_ids, k_ids,
                             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED,
                             SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
                             POSITIONS=POSITIONS, DK=DK, DV=DV, LOAD_DELTA=True, ds_desc=ds_desc,
-                            ds_row=(b * H + h) * ds_rows + start_n, STORE_DS=STORE_DS, DS_BAND=DS_BAND)
+                            ds_row=(b * H + h) * ds_rows + start_n, STORE_DS=STORE_DS, DS_BAND=DS_BAND, bias=bias,
+                            mask=mask, BIAS=BIAS, MASK=MASK)
     return dk, dv
 
 
@@ -216,13 +226,14 @@ def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, Seeds, b, h_kv,
 
 
 @triton.jit
-def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
-                  DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, H: tl.constexpr,
-                  KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                  SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr, DK: tl.constexpr,
-                  DV: tl.constexpr, EDGES: tl.constexpr = 0, DS: tl.constexpr = False,
-                  GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS, DS_BAND: tl.constexpr = False):
+def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, Bias, Mask, dOut, Lse, Delta, DKPart,
+                  DVPart, DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV,
+                  H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
+                  ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr,
+                  DK: tl.constexpr, DV: tl.constexpr, EDGES: tl.constexpr = 0, DS: tl.constexpr = False,
+                  GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS, DS_BAND: tl.constexpr = False,
+                  BIAS: tl.constexpr = 0, MASK: tl.constexpr = 0):
     """dK (DK) and / or dV (DV) of one key block; EDGES == 2 (attn_bwd_dkdv): only the masked query blocks,
     added to the partial DKPart / DVPart; DS (the dS path): every visited tile's dS^T to the workspace DSPart."""
     i, bh = tile_order(BANDED, GROUP_PROGRAMS)  # bh: batch * KV_H
@@ -243,8 +254,9 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
 
     lo_off, hi_off, diag, pos_q, pos_k = place(Positions, b, seq_q, seq_k, lo_off, hi_off, POSITIONS)
+    # segment ids and a dense mask bound the query blocks by QueryRanges, and every visited block is masked
     begin, full_begin, full_end, end = query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, QueryRanges, b, BLOCK_M,
-                                                    BLOCK_N, BANDED, SEGMENTS)
+                                                    BLOCK_N, BANDED, SEGMENTS or MASK > 0)
     k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS)
     ds_desc = DSPart
     ds_rows = 0
@@ -259,13 +271,14 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                              HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                              SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
                              POSITIONS=POSITIONS, DK=DK, DV=DV, ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS,
-                             DS_BAND=DS_BAND)
+                             DS_BAND=DS_BAND, Bias=Bias, Mask=Mask, BIAS=BIAS, MASK=MASK)
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, begin, full_begin, full_end, end,
                          start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
                          QSeg, k_ids, MASKED=True, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                          BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
                          SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, DK=DK, DV=DV,
-                         ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS, DS_BAND=DS_BAND)
+                         ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS, DS_BAND=DS_BAND, Bias=Bias, Mask=Mask,
+                         BIAS=BIAS, MASK=MASK)
     dk = kept_scaled(dk * sm_scale, keep_scale, DROP_THRESHOLD)
     dv = kept_scaled(dv, keep_scale, DROP_THRESHOLD)
     if EDGES == 2:  # the partials carry keep_scale already
@@ -370,18 +383,18 @@ def _dkdv_tma_tile(start_n, bh, descriptors, Lse, Delta, Slopes, Seeds, QueryRan
 
 
 @triton.jit
-def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
-                  DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, batch, dK, dV, dS, H: tl.constexpr,
-                  KV_H: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
-                  DROP_THRESHOLD: tl.constexpr, SPLIT: tl.constexpr, POSITIONS: tl.constexpr,
-                  TMA: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
+def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, Bias, Mask, dOut, Lse, Delta, DKPart,
+                  DVPart, DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, batch, dK, dV, dS,
+                  H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
+                  ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, SPLIT: tl.constexpr,
+                  POSITIONS: tl.constexpr, TMA: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
                   QUERIES_EVEN: tl.constexpr = False, DS: tl.constexpr = False, PERSISTENT: tl.constexpr = False,
                   EDGES: tl.constexpr = 0, GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS,
-                  DS_BAND: tl.constexpr = False):
+                  DS_BAND: tl.constexpr = False, BIAS: tl.constexpr = 0, MASK: tl.constexpr = 0):
     """Arguments as attn_fwd's; QueryRanges (batch, key blocks, 2): the queries that can share a segment
-    id with each key block. One program per (key block, batch * KV_H[, dV or dK where SPLIT]), or with
+    id with each key block, or see it through the mask. The TMA path takes no Bias or Mask (the plan keeps
+    calls with them off TMA rows). One program per (key block, batch * KV_H[, dV or dK where SPLIT]), or with
     PERSISTENT (TMA rows, whole blocks: jax_flash_amd/plan.py) a grid of (programs, 1, 1), each
     looping over key blocks of the batch's `batch` elements.
     TMA (Hopper config rows; which calls take them: jax_flash_amd/plan.py takes_tma): tiles through
@@ -404,24 +417,26 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dO
                           WARP_SPECIALIZE=WARP_SPECIALIZE, QUERIES_EVEN=QUERIES_EVEN, DS=DS, PERSISTENT=PERSISTENT,
                           EDGES=EDGES, GROUP_PROGRAMS=GROUP_PROGRAMS, DS_BAND=DS_BAND)
     elif not SPLIT:  # dS^T (DS) to this launch's workspace, or on the edge launch (EDGES == 2) to the first's
-        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
-                      DSPart if EDGES == 2 else dS, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK,
-                      dV, DK=True, DV=True, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
-                      BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, Bias, Mask, dOut, Lse, Delta,
+                      DKPart, DVPart, DSPart if EDGES == 2 else dS, sm_scale, softcap, keep_scale, seq_q, seq_k,
+                      lo_off, hi_off, dK, dV, DK=True, DV=True, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                      BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
                       DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, EDGES=EDGES, DS=DS,
-                      GROUP_PROGRAMS=GROUP_PROGRAMS, DS_BAND=DS_BAND)
+                      GROUP_PROGRAMS=GROUP_PROGRAMS, DS_BAND=DS_BAND, BIAS=BIAS, MASK=MASK)
     elif tl.program_id(2) == 0:
-        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
-                      DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=False, DV=True, H=H, KV_H=KV_H,
-                      HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                      SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                      POSITIONS=POSITIONS, GROUP_PROGRAMS=GROUP_PROGRAMS)
+        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, Bias, Mask, dOut, Lse, Delta,
+                      DKPart, DVPart, DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV,
+                      DK=False, DV=True, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
+                      BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                      DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, GROUP_PROGRAMS=GROUP_PROGRAMS, BIAS=BIAS,
+                      MASK=MASK)
     else:
-        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, dOut, Lse, Delta, DKPart, DVPart,
-                      DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=True, DV=False, H=H, KV_H=KV_H,
-                      HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                      SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                      POSITIONS=POSITIONS, GROUP_PROGRAMS=GROUP_PROGRAMS)
+        _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, Bias, Mask, dOut, Lse, Delta,
+                      DKPart, DVPart, DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV,
+                      DK=True, DV=False, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
+                      BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                      DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, GROUP_PROGRAMS=GROUP_PROGRAMS, BIAS=BIAS,
+                      MASK=MASK)
 
 
 @triton.jit
@@ -430,7 +445,8 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, kv_row, kv
               STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
-              POSITIONS: tl.constexpr, TMA: tl.constexpr):
+              POSITIONS: tl.constexpr, TMA: tl.constexpr, bias=0, mask=0, BIAS: tl.constexpr = 0,
+              MASK: tl.constexpr = 0):
     """Key blocks of [lo, hi) then [lo2, hi2); diag, pos_q, pos_k: masking.place. TMA: K and V tiles from
     k_desc / v_desc at (kv_row + start_n, kv_col) (zeros past the batch element's keys), else from
     k_base / v_base."""
@@ -449,7 +465,7 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, kv_row, kv
         s, scale2, dlogit = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), offs_m[:, None], offs_n[None, :],
                                    q_ids[:, None], k_ids[None, :], seq_q, seq_k, lo_off, hi_off, diag, sm_scale,
                                    softcap, slope, MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP,
-                                   ALIBI=ALIBI)  # [BM, BN]
+                                   ALIBI=ALIBI, bias=bias, mask=mask, BIAS=BIAS, MASK=MASK)  # [BM, BN]
         p = tl.math.exp2(s * scale2 - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # [BM, BN]
         kept = False
@@ -463,12 +479,12 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, kv_row, kv
 
 
 @triton.jit
-def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, dOut, dLse, Lse, sm_scale, softcap,
-                keep_scale, seq_q, seq_k, lo_off, hi_off, dQ, Delta, H: tl.constexpr, KV_H: tl.constexpr,
+def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Bias, Mask, Out, dOut, dLse, Lse, sm_scale,
+                softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dQ, Delta, H: tl.constexpr, KV_H: tl.constexpr,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
                 DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr, TMA: tl.constexpr = False,
-                GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS):
+                GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS, BIAS: tl.constexpr = 0, MASK: tl.constexpr = 0):
     """Arguments as attn_fwd's. Also writes Delta (delta above) for the dK/dV kernel, which runs after:
     the dQ program holds dO anyway, so this saves a pass over O and dO. TMA (Hopper config rows): K and V
     tiles through TMA descriptors (as the forward's), 16-bit inputs with power-of-two heads. GROUP_PROGRAMS: a
@@ -498,9 +514,15 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, d
 
     lo_off, hi_off, diag, pos_q, pos_k = place(Positions, b, seq_q, seq_k, lo_off, hi_off, POSITIONS)
     start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, KeyRanges, b, BLOCK_M,
-                                                  BLOCK_N, BANDED, SEGMENTS)
+                                                  BLOCK_N, BANDED, SEGMENTS or MASK > 0)
     q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
     seed = load_seed(Seeds, bh, DROP_THRESHOLD)
+    bias = 0
+    if BIAS:
+        bias = dense_plane(Bias, b, h, seq_q, seq_k, H, BIAS)
+    mask = 0
+    if MASK:
+        mask = dense_plane(Mask, b, h, seq_q, seq_k, H, MASK)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     k_desc = K
     v_desc = V
@@ -517,13 +539,15 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Out, d
                    sm_scale, softcap, slope, q_ids, KSeg, b, seed,
                    MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=TMA)
+                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=TMA, bias=bias, mask=mask, BIAS=BIAS,
+                   MASK=MASK)
     dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, k_desc, v_desc, kv_row, kv_col, full_start,
                    full_end, full_end, full_end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
                    sm_scale, softcap, slope, q_ids, KSeg, b, seed,
                    MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=TMA)
+                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=TMA, bias=bias, mask=mask, BIAS=BIAS,
+                   MASK=MASK)
     store_tile(dQ + q_base, kept_scaled(dq * sm_scale, keep_scale, DROP_THRESHOLD), offs_m, offs_d, STRIDE, seq_q,
                HEAD_DIM, BLOCK_D != HEAD_DIM)
 
@@ -620,3 +644,87 @@ def attn_bwd_dq_ds(K, Positions, dS, sm_scale, seq_q, seq_k, lo_off, hi_off, dQ,
     offs_m = start_m + tl.arange(0, BLOCK_M)
     store_tile(dQ + head_start(b, h, seq_q, H, HEAD_DIM), dq * sm_scale, offs_m, tl.arange(0, HEAD_DIM),
                H * HEAD_DIM, seq_q, HEAD_DIM, False)
+
+
+@triton.jit
+def attn_bwd_dbias(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Bias, Mask, dOut, Lse, Delta, sm_scale,
+                   softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, batch, dBias, H: tl.constexpr, KV_H: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr,
+                   DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr, BIAS: tl.constexpr, MASK: tl.constexpr = 0):
+    """The bias's gradient, dBias (the bias's shape, (batch | 1, H | 1, seq_q | 1, seq_k | 1), BIAS its layout):
+    dS = P (dP - delta) summed over the axes the bias broadcasts along. One program per tile of it, grid
+    (query blocks | 1, key blocks | 1, batch | 1 x H | 1): it recomputes S and dP for each (batch, head, query
+    block, key block) the tile sums over, in a fixed order (deterministic, no atomics, no workspace). KeyRanges,
+    Delta as attn_bwd_dq's (its blocks: BLOCK_M queries)."""
+    ROWS: tl.constexpr = (BIAS & 2) > 0  # the bias varies along queries (else the tile sums every query)
+    COLS: tl.constexpr = (BIAS & 4) > 0
+    BATCHES: tl.constexpr = (BIAS & 8) > 0
+    HEADS: tl.constexpr = (BIAS & 16) > 0
+    TM: tl.constexpr = BLOCK_M if ROWS else 1
+    TN: tl.constexpr = BLOCK_N if COLS else 1
+    STRIDE: tl.constexpr = H * HEAD_DIM
+    STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
+    tile_b = tl.program_id(2) // (H if HEADS else 1)
+    tile_h = tl.program_id(2) % (H if HEADS else 1)
+    n_m = tl.cdiv(seq_q, BLOCK_M)
+    n_n = tl.cdiv(seq_k, BLOCK_N)
+    n_b = 1 if BATCHES else batch
+    n_h = 1 if HEADS else H
+    n_i = 1 if ROWS else n_m
+    n_j = 1 if COLS else n_n
+    offs_d = tl.arange(0, BLOCK_D)
+    acc = tl.zeros([TM, TN], tl.float32)
+    for t in range(0, n_b * n_h * n_i * n_j):  # batch, head, query block, key block: the last fastest
+        b = tile_b if BATCHES else t // (n_h * n_i * n_j)
+        h = tile_h if HEADS else (t // (n_i * n_j)) % n_h
+        start_m = (tl.program_id(0) if ROWS else (t // n_j) % n_i) * BLOCK_M
+        start_n = (tl.program_id(1) if COLS else t % n_j) * BLOCK_N
+        bh = b * H + h
+        lo, hi, diag, pos_q, pos_k = place(Positions, b, seq_q, seq_k, lo_off, hi_off, POSITIONS)
+        start, _, _, end = key_blocks(start_m, seq_q, seq_k, lo, hi, KeyRanges, b, BLOCK_M, BLOCK_N, BANDED,
+                                      SEGMENTS or MASK > 0)
+        if (start_n >= start) & (start_n < end):  # a tile no pair of which is visible adds nothing
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            q_base = head_start(b, h, seq_q, H, HEAD_DIM)
+            kv_base = head_start(b, h // (H // KV_H), seq_k, KV_H, HEAD_DIM)
+            q = load_tile(Q + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+            do = load_tile(dOut + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+            k = load_tile(K + kv_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+            v = load_tile(V + kv_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+            row0 = bh.to(tl.int64) * seq_q
+            lse2 = _lse2(Lse, row0, offs_m, seq_q)
+            delta = tl.load(Delta + row0 + offs_m, mask=offs_m < seq_q, other=0.0)
+            slope = 0.0
+            if ALIBI:
+                slope = tl.load(Slopes + bh)
+            mask = 0
+            if MASK:
+                mask = dense_plane(Mask, b, h, seq_q, seq_k, H, MASK)
+            s, scale2, dlogit = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), offs_m[:, None],
+                                       offs_n[None, :], load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)[:, None],
+                                       load_ids(KSeg, b, offs_n, seq_k, SEGMENTS)[None, :], seq_q, seq_k, lo, hi,
+                                       diag, sm_scale, softcap, slope, MASKED=True, BANDED=BANDED, SEGMENTS=SEGMENTS,
+                                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, bias=dense_plane(Bias, b, h, seq_q, seq_k, H,
+                                                                                      BIAS),
+                                       mask=mask, BIAS=BIAS, MASK=MASK)  # [BM, BN]
+            p = tl.math.exp2(s * scale2 - lse2[:, None])
+            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+            kept = False
+            if DROP_THRESHOLD > 0:
+                kept = keep(load_seed(Seeds, bh, DROP_THRESHOLD), start_m + pos_q, start_n + pos_k, DROP_THRESHOLD,
+                            BLOCK_M, BLOCK_N)
+            ds = dropped_ds(p, dp, delta[:, None], kept, DROP_THRESHOLD)  # the bias enters after softcap
+            if not ROWS:
+                ds = tl.sum(ds, 0, keep_dims=True)
+            if not COLS:
+                ds = tl.sum(ds, 1, keep_dims=True)
+            acc += ds
+    offs_i = tl.program_id(0) * TM + tl.arange(0, TM)
+    offs_j = tl.program_id(1) * TN + tl.arange(0, TN)
+    plane = dense_plane(dBias, tile_b, tile_h, seq_q, seq_k, H, BIAS)
+    rows = seq_q if ROWS else 1
+    cols = seq_k if COLS else 1
+    tl.store(plane + offs_i[:, None] * cols + offs_j[None, :], kept_scaled(acc, keep_scale, DROP_THRESHOLD).to(
+        dBias.dtype.element_ty), mask=(offs_i[:, None] < rows) & (offs_j[None, :] < cols))

@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 
 from .dropout import keep, load_seed
-from .masking import (element_tiles, head_start, key_blocks, load_ids, load_tile, persistent_rounds, persistent_tile,
-                      place, span_block, span_blocks, store_tile, tile_order)
+from .masking import (dense_plane, element_tiles, head_start, key_blocks, load_ids, load_tile, persistent_rounds,
+                      persistent_tile, place, span_block, span_blocks, store_tile, tile_order)
 from .configs import TILED_GROUP_PROGRAMS
 from .scores import scores
 
@@ -35,13 +35,13 @@ def keys_padded(seq_k):
 
 @triton.jit
 def _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_row, kv_col, start_n, start_m, seq_q, seq_k, lo_off, hi_off,
-               diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed, STRIDE_KV: tl.constexpr,
+               diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed, bias, mask, STRIDE_KV: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr, TMA: tl.constexpr,
-               POSITIONS: tl.constexpr):
+               POSITIONS: tl.constexpr, BIAS: tl.constexpr, MASK: tl.constexpr):
     """One key block at start_n (its K tile k already loaded): the online-softmax update. diag, pos_q,
-    pos_k: masking.place."""
+    pos_k: masking.place; bias, mask: the dense operands' planes (masking.dense_plane)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -49,7 +49,7 @@ def _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_row, kv_col, start_n, sta
     s, scale2, _ = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), offs_m[:, None], offs_n[None, :],
                           q_ids[:, None], k_ids[None, :], seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
                           slope, MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP,
-                          ALIBI=ALIBI)  # [BM, BN]
+                          ALIBI=ALIBI, bias=bias, mask=mask, BIAS=BIAS, MASK=MASK)  # [BM, BN]
     m_new = tl.maximum(m_i, tl.max(s, 1) * scale2)
     m_use = m_new
     if MASKED:  # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
@@ -75,11 +75,12 @@ def _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_row, kv_col, start_n, sta
 
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col, lo, hi, lo2, hi2, start_m, seq_q,
-               seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
+               seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed, bias, mask,
                STRIDE_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
                ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr,
-               TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, POSITIONS: tl.constexpr):
+               TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, POSITIONS: tl.constexpr, BIAS: tl.constexpr,
+               MASK: tl.constexpr):
     """Key blocks of [lo, hi) then [lo2, hi2). TMA (one span, lo2 == hi2): K and V tiles from the
     descriptors k_desc / v_desc at (kv_row + start_n, kv_col), in one plain strided loop (what Triton's
     warp-specialisation pass partitions); else pointer loads from k_base / v_base."""
@@ -89,11 +90,11 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col,
             k = k_desc.load([kv_row + start_n, kv_col])
             acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_row, kv_col, start_n, start_m, seq_q,
                                        seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids,
-                                       KSeg, b, seed, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED,
-                                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                                       KSeg, b, seed, bias, mask, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
+                                       BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                                       MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
                                        DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, TMA=TMA,
-                                       POSITIONS=POSITIONS)
+                                       POSITIONS=POSITIONS, BIAS=BIAS, MASK=MASK)
     else:
         for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
             start_n = span_block(i, lo, hi, lo2, BLOCK_N)
@@ -101,26 +102,28 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col,
                           BLOCK_D != HEAD_DIM)  # [BN, BD]
             acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_row, kv_col, start_n, start_m, seq_q,
                                        seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids,
-                                       KSeg, b, seed, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED,
-                                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                                       KSeg, b, seed, bias, mask, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
+                                       BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                                       MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
                                        DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, TMA=TMA,
-                                       POSITIONS=POSITIONS)
+                                       POSITIONS=POSITIONS, BIAS=BIAS, MASK=MASK)
     return acc, l_i, m_i
 
 
 @triton.jit
-def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, VDescale, Positions, Part, PartLse,
-             sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, batch, Out, Lse, H: tl.constexpr,
+def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, VDescale, Positions, Bias, Mask, Part,
+             PartLse, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, batch, Out, Lse, H: tl.constexpr,
              KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
              SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr, POSITIONS: tl.constexpr,
              TMA: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False, KEYS_EVEN: tl.constexpr = False,
              EDGES_FIRST: tl.constexpr = False, PERSISTENT: tl.constexpr = False, EDGES: tl.constexpr = 0,
-             GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS):
+             GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS, BIAS: tl.constexpr = 0, MASK: tl.constexpr = 0):
     """lo_off / hi_off / BANDED: the visible band, QSeg / KSeg (batch, seq) int32 and KeyRanges /
     SEGMENTS: segment ids, Positions (batch, 3) int32 / POSITIONS: the call as a block of a larger one
-    (masking.py); softcap / SOFTCAP and Slopes (batch, H) fp32 / ALIBI: logit modifiers (scores.py);
+    (masking.py); Mask / MASK: a dense boolean mask (int8, a layout of masking.dense_plane's; KeyRanges then
+    also bound by it); softcap / SOFTCAP, Slopes (batch, H) fp32 / ALIBI and Bias / BIAS (a dense bias):
+    logit modifiers (scores.py);
     Seeds (batch, H, 2) uint32, keep_scale, DROP_THRESHOLD: dropout (dropout.py); QDescale, KDescale,
     VDescale / P8_LOG2: fp8 inputs (above). TMA (Hopper config rows): Q, K and V move through
     device-side TMA descriptors where the head is a power of two and the inputs 16-bit;
@@ -155,22 +158,22 @@ def attn_fwd(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, 
         for r in range(0, persistent_rounds(n_m * batch * H)):
             block, bh = persistent_tile(r, n_m, batch * H)
             _fwd_tile(block * BLOCK_M, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges,
-                      QDescale, KDescale, VDescale, Positions, Part, PartLse, sm_scale, softcap, keep_scale, seq_q,
-                      seq_k, lo_off, hi_off, Out, Lse, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
-                      BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                      DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, POSITIONS=POSITIONS, TMA=TMA,
-                      WARP_SPECIALIZE=WARP_SPECIALIZE, KEYS_EVEN=KEYS_EVEN, EDGES_FIRST=EDGES_FIRST,
-                      DESCRIPTORS=True, EDGES=EDGES)
+                      QDescale, KDescale, VDescale, Positions, Bias, Mask, Part, PartLse, sm_scale, softcap,
+                      keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM,
+                      BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
+                      ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2,
+                      POSITIONS=POSITIONS, TMA=TMA, WARP_SPECIALIZE=WARP_SPECIALIZE, KEYS_EVEN=KEYS_EVEN,
+                      EDGES_FIRST=EDGES_FIRST, DESCRIPTORS=True, EDGES=EDGES, BIAS=BIAS, MASK=MASK)
     else:
         # heaviest (causal: last) query blocks first, so the ragged tail of the grid is cheap work
         i, bh = tile_order(BANDED, GROUP_PROGRAMS)
         start_m = (tl.num_programs(0) - 1 - i) * BLOCK_M
-        _fwd_tile(start_m, bh, Q, K, V, Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale,
-                  KDescale, VDescale, Positions, Part, PartLse, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
-                  hi_off, Out, Lse, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        _fwd_tile(start_m, bh, Q, K, V, Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale, VDescale,
+                  Positions, Bias, Mask, Part, PartLse, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off,
+                  Out, Lse, H=H, KV_H=KV_H, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                   BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
                   P8_LOG2=P8_LOG2, POSITIONS=POSITIONS, TMA=TMA, WARP_SPECIALIZE=WARP_SPECIALIZE,
-                  KEYS_EVEN=KEYS_EVEN, EDGES_FIRST=EDGES_FIRST, DESCRIPTORS=False, EDGES=EDGES)
+                  KEYS_EVEN=KEYS_EVEN, EDGES_FIRST=EDGES_FIRST, DESCRIPTORS=False, EDGES=EDGES, BIAS=BIAS, MASK=MASK)
 
 
 @triton.jit
@@ -186,12 +189,13 @@ def _fwd_tiles(Q, K, V, last, seq_q, seq_k, H: tl.constexpr, KV_H: tl.constexpr,
 
 @triton.jit
 def _fwd_tile(start_m, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, QDescale, KDescale,
-              VDescale, Positions, Part, PartLse, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, Out, Lse,
-              H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              VDescale, Positions, Bias, Mask, Part, PartLse, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
+              hi_off, Out, Lse, H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
               ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, P8_LOG2: tl.constexpr,
               POSITIONS: tl.constexpr, TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, KEYS_EVEN: tl.constexpr,
-              EDGES_FIRST: tl.constexpr, DESCRIPTORS: tl.constexpr, EDGES: tl.constexpr):
+              EDGES_FIRST: tl.constexpr, DESCRIPTORS: tl.constexpr, EDGES: tl.constexpr, BIAS: tl.constexpr,
+              MASK: tl.constexpr):
     """Query block [start_m, start_m + BLOCK_M) of (batch * H) row bh, with attn_fwd's arguments (TMA:
     its TMA). DESCRIPTORS: q_desc, k_desc, v_desc are the TMA path's descriptors, made by the caller;
     else they are made here, bounded at this tile's batch element."""
@@ -236,9 +240,16 @@ def _fwd_tile(start_m, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg,
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     lo_off, hi_off, diag, pos_q, pos_k = place(Positions, b, seq_q, seq_k, lo_off, hi_off, POSITIONS)
+    # segment ids and a dense mask bound the key blocks by KeyRanges, and every visited block is masked
     start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, KeyRanges, b, BLOCK_M,
-                                                  BLOCK_N, BANDED, SEGMENTS)
+                                                  BLOCK_N, BANDED, SEGMENTS or MASK > 0)
     q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
+    bias = 0
+    if BIAS:
+        bias = dense_plane(Bias, b, h, seq_q, seq_k, H, BIAS)
+    mask = 0
+    if MASK:
+        mask = dense_plane(Mask, b, h, seq_q, seq_k, H, MASK)
     seed = load_seed(Seeds, bh, DROP_THRESHOLD)
     v_descale = 1.0
     if P8_LOG2 > 0:
@@ -253,11 +264,12 @@ def _fwd_tile(start_m, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg,
             end = full_end
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col, start, end,
                                    end, end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
-                                   sm_scale, softcap, slope, q_ids, KSeg, b, seed, MASKED=TMA_MASKED,
+                                   sm_scale, softcap, slope, q_ids, KSeg, b, seed, bias, mask, MASKED=TMA_MASKED,
                                    STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
                                    BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
                                    ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2,
-                                   TMA=True, WARP_SPECIALIZE=WARP_SPECIALIZE, POSITIONS=POSITIONS)
+                                   TMA=True, WARP_SPECIALIZE=WARP_SPECIALIZE, POSITIONS=POSITIONS, BIAS=BIAS,
+                                   MASK=MASK)
     else:
         # key blocks every row sees, unmasked, and those at the band's edges, masked (one loop, both spans);
         # EDGES_FIRST: the masked ones first; EDGES == 2: those only
@@ -266,18 +278,22 @@ def _fwd_tile(start_m, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg,
                 acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col,
                                            start, full_start, full_end, end, start_m, seq_q, seq_k, lo_off, hi_off,
                                            diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
-                                           MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                                           BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
-                                           ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                                           P8_LOG2=P8_LOG2, TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS)
+                                           bias, mask, MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
+                                           BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                                           SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                                           DROP_THRESHOLD=DROP_THRESHOLD,
+                                           P8_LOG2=P8_LOG2, TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS,
+                                           BIAS=BIAS, MASK=MASK)
             elif EDGES != 2:
                 acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col,
                                            full_start, full_end, full_end, full_end, start_m, seq_q, seq_k, lo_off,
                                            hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
-                                           MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                                           BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
-                                           ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                                           P8_LOG2=P8_LOG2, TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS)
+                                           bias, mask, MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
+                                           BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                                           SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                                           DROP_THRESHOLD=DROP_THRESHOLD,
+                                           P8_LOG2=P8_LOG2, TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS,
+                                           BIAS=BIAS, MASK=MASK)
 
     # rows that saw no key: output 0, lse -inf
     empty = l_i == 0.0

@@ -132,6 +132,34 @@ def place(Positions, b, seq_q, seq_k, lo_off, hi_off, POSITIONS: tl.constexpr):
 
 
 @triton.jit
+def dense_plane(Dense, b, h, seq_q, seq_k, H: tl.constexpr, LAYOUT: tl.constexpr):
+    """Batch b's, query head h's (seq_q | 1, seq_k | 1) plane of a dense operand (a mask or bias of shape
+    (batch | 1, H | 1, seq_q | 1, seq_k | 1), contiguous). LAYOUT (jax_flash_amd/operands.py dense_layout): 1
+    present, + 2 varies along queries, + 4 along keys, + 8 along the batch, + 16 along heads."""
+    plane = (seq_q if LAYOUT & 2 else 1) * (seq_k if LAYOUT & 4 else 1)
+    offset = 0
+    if LAYOUT & 16:
+        offset = h * plane
+    if LAYOUT & 8:
+        offset = offset + b.to(tl.int64) * ((H if LAYOUT & 16 else 1) * plane)
+    return Dense + offset
+
+
+@triton.jit
+def dense_tile(plane, q_idx, k_idx, seq_q, seq_k, other, LAYOUT: tl.constexpr):
+    """The dense operand's values at (q_idx, k_idx) of a plane (dense_plane), broadcast as the indices are
+    ([BM, 1] / [1, BN], or transposed); `other` past the sequences."""
+    if LAYOUT & 2 and LAYOUT & 4:
+        return tl.load(plane + q_idx * seq_k + k_idx, mask=(q_idx < seq_q) & (k_idx < seq_k), other=other)
+    elif LAYOUT & 2:
+        return tl.load(plane + q_idx, mask=q_idx < seq_q, other=other)
+    elif LAYOUT & 4:
+        return tl.load(plane + k_idx, mask=k_idx < seq_k, other=other)
+    else:
+        return tl.load(plane)
+
+
+@triton.jit
 def load_ids(Seg, b, offs, seq, SEGMENTS: tl.constexpr):
     """Segment ids of positions offs of batch b ((batch, seq) int32), -1 past the end; 0 if unused."""
     if SEGMENTS:

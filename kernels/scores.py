@@ -1,11 +1,12 @@
 """The logits a program computes from a tile of q.k, written once for the forward and both backward
-kernels: scaling, softcap (s = softcap * tanh(scale * q.k / softcap)) and ALiBi (s -= slope *
+kernels: scaling, softcap (s = softcap * tanh(scale * q.k / softcap)), ALiBi (s -= slope *
 |i + diag - j|, diag = seq_k - seq_q; for a block of a larger call, that call's diagonal in the block's
-indices: masking.py `place`), in base 2 for exp2, and the factor the backward applies to dS."""
+indices: masking.py `place`) and a dense bias (s += bias[i, j]), in base 2 for exp2, with the band, the
+segment ids and a dense mask applied, and the factor the backward applies to dS."""
 import triton
 import triton.language as tl
 
-from .masking import visible
+from .masking import dense_tile, visible
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -50,15 +51,20 @@ def logits2(qk, q_idx, k_idx, diag, sm_scale, softcap, slope, SOFTCAP: tl.conste
 @triton.jit
 def scores(qk, q_idx, k_idx, q_ids, k_ids, seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap, slope,
            MASKED: tl.constexpr, BANDED: tl.constexpr, SEGMENTS: tl.constexpr, SOFTCAP: tl.constexpr,
-           ALIBI: tl.constexpr, POSITIVE_SCALE: tl.constexpr = True):
+           ALIBI: tl.constexpr, POSITIVE_SCALE: tl.constexpr = True, bias=0, mask=0, BIAS: tl.constexpr = 0,
+           MASK: tl.constexpr = 0):
     """The scores step every kernel takes on a fp32 tile qk = q.k (transposed or not: q_idx / k_idx and
     the segment ids q_ids / k_ids broadcast to its shape): (s, scale2, dlogit) with s * scale2 the logits
     in base 2, -inf where the pair is invisible (MASKED: band, bounds, segments), and dlogit the
     factor the backward applies to dS (logits2). Without softcap or ALiBi, s is qk itself (masked) and
     scale2 the scale: the callers' s * scale2 - m then compiles to one FMA per element. POSITIVE_SCALE:
-    sm_scale is known > 0 (the API checks softmax_scale; False where fp8 descales multiply it)."""
-    if SOFTCAP or ALIBI:
+    sm_scale is known > 0 (the API checks softmax_scale; False where fp8 descales multiply it). bias, mask:
+    planes of a dense bias and boolean mask (masking.dense_plane; BIAS, MASK their layouts, 0: none): the bias is
+    added to the logits after softcap and ALiBi, and a MASKED tile keeps only the pairs the mask allows."""
+    if SOFTCAP or ALIBI or BIAS:
         s, dlogit = logits2(qk, q_idx, k_idx, diag, sm_scale, softcap, slope, SOFTCAP, ALIBI)
+        if BIAS:
+            s = s + dense_tile(bias, q_idx, k_idx, seq_q, seq_k, 0.0, BIAS).to(tl.float32) * LOG2E
         scale2 = 1.0
     else:
         s = qk
@@ -69,11 +75,12 @@ def scores(qk, q_idx, k_idx, q_ids, k_ids, seq_q, seq_k, lo_off, hi_off, diag, s
         # stays -inf; sm90 SASS: a masked element cost FMUL, ISETP, FSEL and FADD, and the mask 16 % of the
         # D 128 forward); scaled first where the scale comes from run-time factors (fp8 descales) whose
         # sign or zero would turn -inf into +inf or NaN
+        ok = visible(q_idx, k_idx, seq_q, seq_k, lo_off, hi_off, q_ids, k_ids, BANDED, SEGMENTS)
+        if MASK:
+            ok = ok & (dense_tile(mask, q_idx, k_idx, seq_q, seq_k, 0, MASK) != 0)
         if POSITIVE_SCALE:
-            s = tl.where(visible(q_idx, k_idx, seq_q, seq_k, lo_off, hi_off, q_ids, k_ids, BANDED, SEGMENTS), s,
-                         float("-inf"))
+            s = tl.where(ok, s, float("-inf"))
         else:
-            s = tl.where(visible(q_idx, k_idx, seq_q, seq_k, lo_off, hi_off, q_ids, k_ids, BANDED, SEGMENTS),
-                         s * scale2, float("-inf"))
+            s = tl.where(ok, s * scale2, float("-inf"))
             scale2 = 1.0
     return s, scale2, dlogit

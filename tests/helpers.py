@@ -52,14 +52,16 @@ def run(impl, q, k, v, dout, dlse, **kw):
     return jax.jit(fwd_bwd)(q, k, v, dout, dlse)
 
 
-def fwd_bwd_through(run, target, statics, rows=None):
-    """fwd_bwd(q, k, v, dout, dlse, extras) -> dict(out, lse, dq, dk, dv) through _launch's forward and backward,
-    each launch through `run` (a backend's run, or one that records what it launches)."""
+def fwd_bwd_through(run, target, statics, rows=None, policy=None):
+    """fwd_bwd(q, k, v, dout, dlse, extras) -> dict(out, lse, dq, dk, dv) through _launch's forward and backward
+    (the plan of `policy`, with `rows` forced), each launch through `run` (a backend's run, or one that records
+    what it launches)."""
     from jax_flash_amd import _launch
 
     def fwd_bwd(q, k, v, dout, dlse, extras):
-        out, lse2 = _launch.forward(run, target, q, k, v, extras, statics=statics, rows=rows)
-        grads = _launch.backward(run, target, q, k, v, out, lse2, dout, dlse, extras, statics=statics, rows=rows)
+        out, lse2 = _launch.forward(run, target, q, k, v, extras, statics=statics, rows=rows, policy=policy)
+        grads = _launch.backward(run, target, q, k, v, out, lse2, dout, dlse, extras, statics=statics, rows=rows,
+                                 policy=policy)
         return dict(out=out, lse=lse2 * np.log(2), **dict(zip(("dq", "dk", "dv"), grads)))
 
     return fwd_bwd

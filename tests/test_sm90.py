@@ -2,8 +2,8 @@
 or a tuning candidate, run on the GPU against float64 (ragged and whole blocks, two batch elements, the
 variants that take the path): some TMA / warp-specialised tiles of Triton 3.6 compute NaN or hang, so none
 may ship unchecked (GPU only). In Triton's interpreter (CPU): the TMA code path itself, at interpreter-sized
-tiles, against float64. On any machine: which calls may take those rows (_launch._takes_tma). The Gluon kernels
-that long sm90 calls take in their place are off here (test_gluon_fwd.py, test_gluon_bwd.py)."""
+tiles, against float64. Which calls take which rows: test_plan.py. The Gluon kernels that sm90 calls take in
+their place are off here (the policy TRITON; test_gluon_fwd.py, test_gluon_bwd.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,36 +17,39 @@ import subprocess
 import sys
 
 from helpers import ON_GPU, assert_close, fwd_bwd_through, inputs, run as run_impl
-from jax_flash_amd import _launch, _triton, reference
-from jax_flash_amd._config_choice import pick_config
+from jax_flash_amd import _launch, _triton, plan, reference
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.kernels import configs
+from jax_flash_amd.kernels.configs import Row
 from jax_flash_amd.kernels.masking import persistent_rounds, persistent_tile, tile_order
 from jax_flash_amd.rules import Band
 
 KERNELS = ("fwd", "dkdv", "dq", "dqds")
 
 
-@pytest.fixture(autouse=True)
-def _triton_rows_only(monkeypatch):
-    """The Triton rows, where a compiled sm90 call would take the Gluon forward or dK/dV (_launch.gluon_forward,
-    gluon_dkdv) by default. (Processes these tests start take the shipped kernels, Gluon's included.)"""
-    monkeypatch.setattr(configs, "SM90_GLUON_FWD", [])
-    monkeypatch.setattr(configs, "SM90_GLUON_FWD_FP8", [])
-    monkeypatch.setattr(configs, "SM90_GLUON_DKDV", [])
+# the Triton rows, where a compiled sm90 call would take the Gluon forward or dK/dV (processes these tests start take
+# the shipped kernels, Gluon's included)
+TRITON = plan.Policy().replace(gluon_fwd=(), gluon_fwd_fp8=(), gluon_dkdv=())
+NEVER, ALWAYS = dict(edges_apart_blocks=1 << 30, ds_edges_apart_blocks=1 << 30), dict(edges_apart_blocks=1,
+                                                                                     ds_edges_apart_blocks=1)
+
+
+def with_(row: Row, **change) -> Row:
+    """The row changed (and named for it)."""
+    return row.but(row.name + "+" + ",".join(f"{k}={v}" for k, v in change.items()), **change)
 
 
 ROWS = []  # (kernel, row): the TMA rows, and the dS path's dQ rows (TMA descriptors too)
 for _kernel in KERNELS:
-    for _row in configs.TARGETS["sm90"][_kernel] + configs.CANDIDATES["sm90"].get(_kernel, []):
-        if (_row.get("TMA") or _kernel == "dqds") and (_kernel, _row) not in ROWS:
+    for _row in configs.TARGETS["sm90"][_kernel] + configs.CANDIDATES["sm90"].get(_kernel, ()):
+        if (_row.tma or _kernel == "dqds") and (_kernel, _row) not in ROWS:
             ROWS.append((_kernel, _row))
 
 
 def _id(kernel_row):
     kernel, row = kernel_row
-    return (f"{kernel}-d{row['max_block_d']}-{row['BLOCK_M']}x{row['BLOCK_N']}-w{row['num_warps']}"
-            f"-s{row['num_stages']}" + ("-ws" if row.get("WARP_SPECIALIZE") else "") + ("-ds" if row.get("DS") else ""))
+    return (f"{kernel}-d{row.max_width}-{row.block_m}x{row.block_n}-w{row.num_warps}-s{row.num_stages}"
+            + ("-ws" if row.warp_specialize else "") + ("-ds" if row.ds else ""))
 
 
 # window: both sides bound (the "+window" rows take the TMA rows too), narrower than a block; dropout: D 128 rows
@@ -63,13 +66,13 @@ VARIANTS = {"plain": {}, "softcap": dict(softcap=20.0), "alibi": {}, "gqa": {}, 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-def test_every_sm90_row(kernel_row, dtype, causal, seq, variant, monkeypatch):
+def test_every_sm90_row(kernel_row, dtype, causal, seq, variant):
     """The row runs its kernel (the others their defaults) in a forward and a backward against float64;
     a dK/dV row marked DS runs the dS path, the dQ rows the seven-product one (that is where they serve)."""
-    _check_row(kernel_row, dtype, causal, seq, variant, monkeypatch)
+    _check_row(kernel_row, dtype, causal, seq, variant, TRITON)
 
 
-EDGE_ROWS = [(kernel, dict(row, PERSISTENT=0) if kernel == "fwd" else row) for kernel, row in ROWS
+EDGE_ROWS = [(kernel, with_(row, persistent=0) if kernel == "fwd" else row) for kernel, row in ROWS
              if kernel in ("fwd", "dkdv")]
 
 
@@ -80,42 +83,34 @@ EDGE_ROWS = [(kernel, dict(row, PERSISTENT=0) if kernel == "fwd" else row) for k
 @pytest.mark.parametrize("path", ["seven", "ds"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-def test_every_sm90_row_edges_apart(kernel_row, causal, seq, variant, path, monkeypatch):
+def test_every_sm90_row_edges_apart(kernel_row, causal, seq, variant, path):
     """test_every_sm90_row with the band's edge blocks in a launch of their own wherever a loop would mask
     (kernels/fwd.py, bwd.py EDGES; the forward rows tiled, dK/dV on seven products and, rows marked DS, on the
     dS path, whose edge launch stores its dS tiles too)."""
-    if path == "ds" and not kernel_row[1].get("DS"):
+    if path == "ds" and not kernel_row[1].ds:
         pytest.skip("the dS path: dK/dV rows marked DS")
-    _edges_apart(monkeypatch, 1)
-    if path == "seven":
-        monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", 0)
-    _check_row(kernel_row, jnp.bfloat16, causal, seq, variant, monkeypatch, edges=True)
+    policy = TRITON.replace(**ALWAYS, **(dict(ds_workspace_bytes=0) if path == "seven" else {}))
+    _check_row(kernel_row, jnp.bfloat16, causal, seq, variant, policy, edges=True)
 
 
-def _edges_apart(monkeypatch, blocks):
-    """The band's edge blocks apart from loops of `blocks` blocks on (1: always; 1 << 30: never), on either path."""
-    monkeypatch.setattr(configs, "EDGES_APART_BLOCKS", blocks)
-    monkeypatch.setattr(configs, "DS_EDGES_APART_BLOCKS", blocks)
-
-
-def _check_row(kernel_row, dtype, causal, seq, variant, monkeypatch, edges=False):
+def _check_row(kernel_row, dtype, causal, seq, variant, policy, edges=False):
     if _triton.target() != "sm90":
         pytest.skip("needs a Hopper GPU")
     if kernel_row[0] == "dq":
-        monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", 0)
+        policy = policy.replace(ds_workspace_bytes=0)
     if variant != "plain" and (dtype != jnp.bfloat16 or seq != 300):
         pytest.skip("variants: bf16, ragged")
     kernel, row = kernel_row
     p = VARIANTS[variant].get("dropout", 0.0)
-    if p and row["max_block_d"] <= 64:
+    if p and row.max_width <= 64:
         pytest.skip("dropout at D 64: the pointer rows")
-    takes_ds = kernel == "dqds" or (kernel == "dkdv" and row.get("DS"))
+    takes_ds = kernel == "dqds" or (kernel == "dkdv" and row.ds)
     if takes_ds:
         if variant == "softcap":
             pytest.skip("softcap takes dK/dV's pointer row: seven products")
         # narrow windows take the dS path anyway; not narrow, the window variant runs the plain dQ row (128 x 128)
-        monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
-    d = row["max_block_d"]
+        policy = policy.replace(narrow_window=0)
+    d = row.max_width
     b, h = 2, 4
     h_kv = 2 if variant == "gqa" else h
     q, k, v, dout, dlse = inputs((b, seq, h, d), (b, seq, h_kv, d), dtype, seed=d + seq)
@@ -134,9 +129,10 @@ def _check_row(kernel_row, dtype, causal, seq, variant, monkeypatch, edges=False
         launched.append(launch.kernel.__name__)
         return _triton.run(launch)
 
-    got = jax.jit(fwd_bwd_through(run, target, statics, rows={kernel: row}))(q, k, v, dout, dlse, extras)
+    got = jax.jit(fwd_bwd_through(run, target, statics, rows={kernel: row}, policy=policy))(q, k, v, dout, dlse,
+                                                                                          extras)
     if kernel in ("dkdv", "dqds"):  # the path the row serves ran
-        assert ("attn_bwd_dq_ds" in launched) == bool(takes_ds and configs.DS_WORKSPACE_BYTES), launched
+        assert ("attn_bwd_dq_ds" in launched) == bool(takes_ds and policy.limits.ds_workspace_bytes), launched
     if edges:  # and the edges' launch (a band, or ragged blocks)
         name = {"fwd": "attn_fwd", "dkdv": "attn_bwd_dkdv"}[kernel]
         assert launched.count(name) == 1 + (causal or variant == "window" or seq % 128 > 0), launched
@@ -151,16 +147,15 @@ def _check_row(kernel_row, dtype, causal, seq, variant, monkeypatch, edges=False
 
 # the TMA path at interpreter-sized tiles: ragged and whole blocks, a batch element's last block next to
 # the following element's rows, cross attention (bottom-right causal), windows and every variant it takes
-TMA_INTERPRET_ROW = dict(max_block_d=512, BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, TMA=True,
-                         WARP_SPECIALIZE=True)
-TMA_INTERPRET_ROWS = {"fwd": TMA_INTERPRET_ROW, "dq": dict(TMA_INTERPRET_ROW, BLOCK_M=32),
-                      "dkdv": dict(TMA_INTERPRET_ROW, BLOCK_N=32)}
+TMA_INTERPRET_ROW = Row("test/tma", 16, 16, tma=True, warp_specialize=True)
+TMA_INTERPRET_ROWS = {"fwd": TMA_INTERPRET_ROW, "dq": with_(TMA_INTERPRET_ROW, block_m=32),
+                      "dkdv": with_(TMA_INTERPRET_ROW, block_n=32)}
 # the dS path (dK/dV stores dS^T, attn_bwd_dq_ds reads it; the interpreter NaN-poisons what no kernel writes,
 # so a tile read unmasked that dK/dV skipped shows)
 # dQ's query tiles twice dK/dV's (as on the GPU: 128 against 64), so one dQ tile spans written and skipped ones
-DS_INTERPRET_ROWS = {**TMA_INTERPRET_ROWS, "dkdv": dict(TMA_INTERPRET_ROW, BLOCK_N=32, DS=True),
-                     "dqds": dict(max_block_d=512, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)}
-# (dK/dV takes its TMA path where seq_q is a multiple of 4: _launch._dkdv_takes_tma; "cross-causal" and
+DS_INTERPRET_ROWS = {**TMA_INTERPRET_ROWS, "dkdv": with_(TMA_INTERPRET_ROW, block_n=32, ds=True),
+                     "dqds": Row("test/dqds", 32, 16)}
+# (dK/dV takes its TMA path where seq_q is a multiple of 4: plan.dkdv_takes_tma; "cross-causal" and
 # "ragged-odd" run its pointer path after the TMA forward and dQ)
 TMA_CASES = {
     "ragged": dict(sq=44, sk=44), "ragged-odd": dict(sq=45, sk=45), "whole": dict(sq=64, sk=64),
@@ -180,26 +175,27 @@ TMA_CASES = {
 @pytest.mark.parametrize("case", list(TMA_CASES))
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
-def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
+def test_tma_path_in_the_interpreter(case, dtype, path):
     """"edges", "ds-edges" (and "ds-edges-by-heads"): every call whose TMA loop would mask takes the edge launches
     (kernels/fwd.py, bwd.py EDGES), on the seven-product path or the dS path (one launch per key/value head)."""
     from jax_flash_amd import _interpret
     _interpret.check_available()  # what the public API does first (it also mends the interpreter's bf16)
     c = {**dict(causal=False, window=(-1, -1), softcap=0.0, alibi=False, h=2, h_kv=2), **TMA_CASES[case]}
     b, h, d = 3, c["h"], 32
-    takes_tma = c["sq"] % 4 == 0 and not c["softcap"]  # _launch._dkdv_takes_tma; else the seven products
+    takes_tma = c["sq"] % 4 == 0 and not c["softcap"]  # plan.dkdv_takes_tma; else the seven products
     if path not in ("seven", "edges") and (dtype != jnp.float16 or not takes_tma):
         pytest.skip("the dS path: float16 (bfloat16 takes the same code), calls that take dK/dV's TMA row")
     rows = TMA_INTERPRET_ROWS if path in ("seven", "edges") else DS_INTERPRET_ROWS
     edges = "edges" in path
-    _edges_apart(monkeypatch, 1 if edges else 1 << 30)
-    if path != "seven":  # windows take the dS path too (the rule: test_which_backwards_take_the_ds_path)
-        monkeypatch.setattr(configs, "NARROW_WINDOW", 0)
+    policy = TRITON.replace(**(ALWAYS if edges else NEVER))
+    if path != "seven":  # windows take the dS path too (the rule: test_plan.py)
+        policy = policy.replace(narrow_window=0)
     if path.endswith("by-heads"):  # room for one key/value head's workspace: a launch per head
         if c["h_kv"] == 1:
             pytest.skip("one key/value head")
-        _one_kv_head_per_launch(monkeypatch, b, h // c["h_kv"], c["sq"], c["sk"], DS_INTERPRET_ROWS["dkdv"]["BLOCK_N"],
-                                Band.of(c["causal"], c["window"], c["sq"], c["sk"]))
+        policy = policy.replace(**_one_kv_head_per_launch(b, h // c["h_kv"], c["sq"], c["sk"],
+                                                          DS_INTERPRET_ROWS["dkdv"].block_n,
+                                                          Band.of(c["causal"], c["window"], c["sq"], c["sk"])))
     q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), dtype, seed=7)
     slopes = jnp.asarray([[0.3, 0.1, 0.05, 0.2][:h]] * b, jnp.float32) if c["alibi"] else None
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]), softcap=c["softcap"])
@@ -210,9 +206,9 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
         launched.append(launch.kernel.__name__ + ("+edges" if launch.constexprs.get("EDGES") == 2 else ""))
         return _interpret.run(launch)
 
-    out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, rows=rows)
+    out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, rows=rows, policy=policy)
     dq, dk, dv = _launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics,
-                                  rows=rows)
+                                  rows=rows, policy=policy)
     expected = {"seven": 0, "edges": 0, "ds": 1, "ds-edges": 1, "ds-by-heads": 2, "ds-edges-by-heads": 2}[path]
     assert launched.count("attn_bwd_dq_ds") == expected, launched
     # the edges apart where a TMA loop would mask a block: a band, or a ragged block (fwd: keys of 16; dK/dV:
@@ -228,13 +224,13 @@ def test_tma_path_in_the_interpreter(case, dtype, path, monkeypatch):
     assert_close(dict(out=out, lse=lse2 * np.log(2), dq=dq, dk=dk, dv=dv), ref, base, dtype)
 
 
-def _one_kv_head_per_launch(monkeypatch, b, group, sq, sk, block_n, band):
-    """The dS path's workspace budget set to one key/value head's (group query heads): a launch per head."""
-    ws_rows, ws_cols = _launch.ds_workspace(b, group, sq, sk, block_n, band)
-    monkeypatch.setattr(configs, "DS_WORKSPACE_BYTES", ws_rows * ws_cols * 2)
+def _one_kv_head_per_launch(b, group, sq, sk, block_n, band) -> dict:
+    """The dS path's workspace budget of one key/value head (group query heads): a launch per head."""
+    ws_rows, ws_cols = plan.ds_workspace(plan.Call("interpret", b, sq, sk, group, 1, 32, band=band), block_n)
+    return dict(ds_workspace_bytes=ws_rows * ws_cols * 2)
 
 
-# a window's dS workspace banded (_launch._ds_banded: a key's row holds the queries from the first 128-aligned block
+# a window's dS workspace banded (plan.ds_banded: a key's row holds the queries from the first 128-aligned block
 # that sees its group of 128 keys, kernels/bwd.py ds_col), so these calls are longer than the band's 255 + width
 # columns: windows either side, cross lengths (the band moved by seq_k - seq_q), grouped heads, a block of a larger
 # call (Operands.positions shifts the band per batch element), and the edge launch storing dS too
@@ -246,20 +242,20 @@ BANDED_CASES = {"window": dict(sq=300, sk=300, window=(20, 7)), "cross": dict(sq
                 "q-longer": dict(sq=340, sk=300, window=(30, 5)),
                 "block-short-keys": dict(sq=320, sk=300, window=(40, 3), positions=(16, 40, -24)),
                 # dQ on 128 x 128 tiles (sm90's plain dQ row, what wide windows take), over 32-key dK/dV blocks
-                "dq-128": dict(sq=300, sk=300, window=(20, 7), dqds=dict(BLOCK_M=128, BLOCK_N=128))}
+                "dq-128": dict(sq=300, sk=300, window=(20, 7), dqds=dict(block_m=128, block_n=128))}
 
 
 @pytest.mark.parametrize("case", list(BANDED_CASES))
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
-def test_banded_ds_workspace_in_the_interpreter(case, monkeypatch):
+def test_banded_ds_workspace_in_the_interpreter(case):
     """The dS path with the banded workspace equals float64 attention (the interpreter NaN-poisons what no kernel
     writes, so a tile dQ reads that dK/dV did not write, or wrote elsewhere, shows)."""
     from jax_flash_amd import _interpret
     _interpret.check_available()
     c = {**dict(h=2, h_kv=2, positions=None), **BANDED_CASES[case]}
     sq, sk, h = c["sq"], c["sk"], c["h"]
-    _edges_apart(monkeypatch, 1 if "edges" in case else 1 << 30)
-    monkeypatch.setattr(configs, "NARROW_WINDOW", 0)  # the interpreter's "+window" rows have no DS
+    # the interpreter's "+window" rows have no DS
+    policy = TRITON.replace(narrow_window=0, **(ALWAYS if "edges" in case else NEVER))
     q, k, v, dout, dlse = inputs((1, sq, h, 32), (1, sk, c["h_kv"], 32), jnp.float16, seed=11)
     if c["positions"]:  # the larger call: queries from 64, keys from 32, its length 24 keys longer than its queries
         q0, k0, diff = c["positions"]
@@ -274,17 +270,18 @@ def test_banded_ds_workspace_in_the_interpreter(case, monkeypatch):
         launches.append(launch)
         return _interpret.run(launch)
 
-    rows = {**DS_INTERPRET_ROWS, "dqds": dict(DS_INTERPRET_ROWS["dqds"], **c.get("dqds", {}))}
-    out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics)
+    rows = {**DS_INTERPRET_ROWS, "dqds": with_(DS_INTERPRET_ROWS["dqds"], **c.get("dqds", {}))}
+    out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, policy=policy)
     dq, dk, dv = _launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics,
-                                  rows=rows)
+                                  rows=rows, policy=policy)
     ds = [x for x in launches if x.kernel.__name__ in ("attn_bwd_dkdv", "attn_bwd_dq_ds")]
     assert [x.kernel.__name__ for x in ds] == (["attn_bwd_dkdv"] * (1 + ("edges" in case)) + ["attn_bwd_dq_ds"])
     assert all(x.constexprs.get("DS_BAND") for x in ds), [x.constexprs for x in ds]
     cols = ds[0].out_shapes[2].shape[1]
     assert cols == -(-(255 + sum(c["window"])) // 8) * 8 < sq, ds[0].out_shapes
     if c["positions"]:  # against the pointer kernels (tests/test_positions.py checks those against the larger call)
-        want = _launch.backward(_interpret.run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics)
+        want = _launch.backward(_interpret.run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics,
+                                policy=policy)
         for name, g, w in zip(("dq", "dk", "dv"), (dq, dk, dv), want):
             np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64), atol=2e-3, err_msg=name)
         return
@@ -313,7 +310,7 @@ def test_banded_ds_workspace(case):
         launches.append((launch.kernel.__name__, launch.constexprs.get("DS_BAND")))
         return _triton.run(launch)
 
-    got = jax.jit(fwd_bwd_through(run, target, statics))(q, k, v, dout, dlse, Operands(slopes=slopes))
+    got = jax.jit(fwd_bwd_through(run, target, statics, policy=TRITON))(q, k, v, dout, dlse, Operands(slopes=slopes))
     assert {("attn_bwd_dkdv", True), ("attn_bwd_dq_ds", True)} <= set(launches), launches
     ref = oracle.attention(q, k, v, dout, dlse, window=c["window"], alibi=slopes)
     base = run_impl("xla", q, k, v, dout, dlse, window_size=c["window"], alibi_slopes=slopes)
@@ -323,8 +320,7 @@ def test_banded_ds_workspace(case):
 # dropout on the dS path (sm90's dropout rows: the TMA row, or for calls that cannot take it the pointer row, dS^T
 # stored through a descriptor): its keep mask drawn once, by dK/dV, and dQ from dS; the interpreter's pointer rows,
 # dQ's query tiles twice dK/dV's (so that one spans written and skipped tiles, as on the GPU)
-DROPOUT_DS_ROWS = {"dkdv": dict(max_block_d=512, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, DS=True),
-                   "dqds": dict(DS_INTERPRET_ROWS["dqds"], BLOCK_M=64)}
+DROPOUT_DS_ROWS = {"dkdv": Row("test/dkdv-ds", 32, 32, ds=True), "dqds": with_(DS_INTERPRET_ROWS["dqds"], block_m=64)}
 DROPOUT_DS_CASES = {
     "full-ragged": dict(sq=44, sk=44), "causal-whole": dict(sq=64, sk=64, causal=True),
     "cross-causal": dict(sq=37, sk=53, causal=True), "window": dict(sq=44, sk=44, window=(9, 4)),
@@ -334,24 +330,24 @@ DROPOUT_DS_CASES = {
 
 
 # the same through the TMA rows (forward and dK/dV warp-specialised on the GPU; the hash draw has no layout of its
-# own, so those loops take it): for the calls whose dK/dV takes its TMA row (_launch._dkdv_takes_tma)
-DROPOUT_TMA_ROWS = {"fwd": TMA_INTERPRET_ROW, "dkdv": dict(TMA_INTERPRET_ROW, BLOCK_N=32, DS=True),
+# own, so those loops take it): for the calls whose dK/dV takes its TMA row (plan.dkdv_takes_tma)
+DROPOUT_TMA_ROWS = {"fwd": TMA_INTERPRET_ROW, "dkdv": with_(TMA_INTERPRET_ROW, block_n=32, ds=True),
                     "dqds": DROPOUT_DS_ROWS["dqds"]}
 
 
 @pytest.mark.parametrize("rows", ["pointer", "tma"])
 @pytest.mark.parametrize("case", list(DROPOUT_DS_CASES))
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
-def test_dropout_on_the_ds_path_in_the_interpreter(case, rows, monkeypatch):
+def test_dropout_on_the_ds_path_in_the_interpreter(case, rows):
     """The keep mask of dK/dV's dS tiles is the forward's (float64 oracle with reference.dropout_keep), and dQ
     comes from those tiles alone (no dQ kernel draws one)."""
     from jax_flash_amd import _interpret
     _interpret.check_available()
     c = DROPOUT_DS_CASES[case]
     if rows == "tma" and (c["sq"] % 4 or c.get("softcap")):
-        pytest.skip("dK/dV takes its pointer row (_launch._dkdv_takes_tma)")
+        pytest.skip("dK/dV takes its pointer row (plan.dkdv_takes_tma)")
     _dropout_on_the_ds_path(case, "interpret", _interpret.run, DROPOUT_TMA_ROWS if rows == "tma" else DROPOUT_DS_ROWS,
-                            32, 1, jnp.float16, monkeypatch, tma=rows == "tma")
+                            32, 1, jnp.float16, tma=rows == "tma")
 
 
 # dropout on seven products: dQ and dK/dV each draw the mask, their tiles leave keep_scale out and each output block
@@ -359,8 +355,8 @@ def test_dropout_on_the_ds_path_in_the_interpreter(case, rows, monkeypatch):
 # and SPLIT's pointer rows (dV and dK from separate programs)
 SEVEN_DROPOUT_ROWS = {
     "tma": TMA_INTERPRET_ROWS,
-    "tma-persistent": {**TMA_INTERPRET_ROWS, "dkdv": dict(TMA_INTERPRET_ROWS["dkdv"], PERSISTENT=1)},
-    "split": {"dkdv": dict(max_block_d=512, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, SPLIT=True)},
+    "tma-persistent": {**TMA_INTERPRET_ROWS, "dkdv": with_(TMA_INTERPRET_ROWS["dkdv"], persistent=1)},
+    "split": {"dkdv": Row("test/split", 16, 32, split=True)},
 }
 SEVEN_DROPOUT_CASES = {"causal": dict(causal=True, h_kv=2, alibi=False), "gqa-alibi": dict(causal=False, h_kv=1,
                                                                                             alibi=True)}
@@ -369,15 +365,15 @@ SEVEN_DROPOUT_CASES = {"causal": dict(causal=True, h_kv=2, alibi=False), "gqa-al
 @pytest.mark.parametrize("rows", list(SEVEN_DROPOUT_ROWS))
 @pytest.mark.parametrize("case", list(SEVEN_DROPOUT_CASES))
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
-def test_dropout_on_seven_products_in_the_interpreter(case, rows, monkeypatch):
+def test_dropout_on_seven_products_in_the_interpreter(case, rows):
     """Against float64 with the kernels' keep mask (reference.dropout_keep); the launches are the rows' (dQ drawing
     its own mask, dK/dV persistent or SPLIT where the row says)."""
     from jax_flash_amd import _interpret
     _interpret.check_available()
     c = SEVEN_DROPOUT_CASES[case]
     b, s, h, d, p = 2, 64, 2, 32, 0.25
-    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))  # persistent whatever the schedule
-    monkeypatch.setattr(_launch, "compute_units", lambda target: 3)  # 3 programs for 4 or 8 tiles
+    # persistent whatever the schedule, 3 programs for 4 or 8 tiles
+    policy = TRITON.replace(persistent_balance=float("inf"), compute_units=3)
     q, k, v, dout, dlse = inputs((b, s, h, d), (b, s, c["h_kv"], d), jnp.float16, seed=13)
     rng = jax.random.key(2)
     seeds = reference.dropout_seeds(rng, b, h)
@@ -391,8 +387,8 @@ def test_dropout_on_seven_products_in_the_interpreter(case, rows, monkeypatch):
             dkdv.append((launch.grid, launch.constexprs["PERSISTENT"], bool(launch.constexprs.get("TMA"))))
         return _interpret.run(launch)
 
-    got = fwd_bwd_through(run, "interpret", statics, SEVEN_DROPOUT_ROWS[rows])(q, k, v, dout, dlse,
-                                                                             Operands(slopes=slopes, seeds=seeds))
+    got = fwd_bwd_through(run, "interpret", statics, SEVEN_DROPOUT_ROWS[rows], policy)(
+        q, k, v, dout, dlse, Operands(slopes=slopes, seeds=seeds))
     assert "attn_bwd_dq" in launched and "attn_bwd_dq_ds" not in launched, launched
     ((grid, persistent, tma),) = dkdv
     assert (persistent, tma, grid[2] == 2) == (rows == "tma-persistent", rows != "split", rows == "split"), dkdv
@@ -407,28 +403,29 @@ def test_dropout_on_seven_products_in_the_interpreter(case, rows, monkeypatch):
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-def test_dropout_on_the_ds_path(case, dtype, monkeypatch):
+def test_dropout_on_the_ds_path(case, dtype):
     """The same with sm90's shipped dropout rows, D 128, the lengths 7 times the interpreter's."""
     if _triton.target() != "sm90":
         pytest.skip("needs a Hopper GPU")
-    _dropout_on_the_ds_path(case, "sm90", _triton.run, None, 128, 7, dtype, monkeypatch)
+    _dropout_on_the_ds_path(case, "sm90", _triton.run, None, 128, 7, dtype)
 
 
-def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, monkeypatch, tma=None):
+def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, tma=None):
     """tma: whether the forward and dK/dV launches must (True) or must not (False) have run their TMA rows."""
     c = {**dict(causal=False, window=(-1, -1), softcap=0.0, alibi=False, h=2, h_kv=2, by_heads=False),
          **DROPOUT_DS_CASES[case]}
     b, h, p, sq, sk = 2, c["h"], 0.25, c["sq"] * f, c["sk"] * f
     window = tuple(w * f if w > 0 else w for w in c["window"])
-    monkeypatch.setattr(configs, "NARROW_WINDOW", 0)  # the window too (test_which_backwards_take_the_ds_path)
+    policy = TRITON.replace(narrow_window=0)  # the window too
     q, k, v, dout, dlse = inputs((b, sq, h, d), (b, sk, c["h_kv"], d), dtype, seed=3)
     rng = jax.random.key(5)
     seeds = reference.dropout_seeds(rng, b, h)
     slopes = jnp.asarray([[0.3, 0.1, 0.05, 0.2][:h]] * b, jnp.float32) if c["alibi"] else None
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], window, sq, sk), softcap=c["softcap"], dropout_p=p)
     if c["by_heads"]:  # room for one key/value head's workspace (of the dK/dV row the call takes): a launch per head
-        block_n = _launch._dkdv_config(target, q, k, statics, Operands(seeds=seeds), rows)[0]["BLOCK_N"]  # Gluon's too
-        _one_kv_head_per_launch(monkeypatch, b, h // c["h_kv"], sq, sk, block_n, Band.of(c["causal"], window, sq, sk))
+        block_n = plan.dkdv_row(_launch.call_of(target, q, k, Operands(seeds=seeds), statics, rows, policy)).block_n
+        policy = policy.replace(**_one_kv_head_per_launch(b, h // c["h_kv"], sq, sk, block_n,
+                                                          Band.of(c["causal"], window, sq, sk)))
     launched = []
 
     tma_runs = set()
@@ -438,7 +435,7 @@ def _dropout_on_the_ds_path(case, target, run_launch, rows, d, f, dtype, monkeyp
         tma_runs.add((launch.kernel.__name__, bool(launch.constexprs.get("TMA"))))
         return run_launch(launch)
 
-    fwd_bwd = fwd_bwd_through(run, target, statics, rows)
+    fwd_bwd = fwd_bwd_through(run, target, statics, rows, policy)
     got = (fwd_bwd if target == "interpret" else jax.jit(fwd_bwd))(q, k, v, dout, dlse,
                                                                   Operands(slopes=slopes, seeds=seeds))
     assert launched.count("attn_bwd_dq_ds") == (c["h_kv"] if c["by_heads"] else 1), launched
@@ -472,70 +469,12 @@ def test_dropout_at_d64(causal):
         launches.append(launch.constexprs)
         return _triton.run(launch)
 
-    got = jax.jit(fwd_bwd_through(run, "sm90", statics))(q, k, v, dout, dlse, Operands(seeds=seeds))
+    got = jax.jit(fwd_bwd_through(run, "sm90", statics, policy=TRITON))(q, k, v, dout, dlse, Operands(seeds=seeds))
     assert not launches[0].get("TMA"), launches[0]
     ref = oracle.attention(q, k, v, dout, dlse, causal=causal, dropout_p=p,
                            keep=reference.dropout_keep(seeds, sq, sq, p))
     base = run_impl("xla", q, k, v, dout, dlse, causal=causal, dropout_p=p, dropout_rng=rng)
     assert_close(got, ref, base, jnp.bfloat16)
-
-
-@pytest.mark.parametrize("shape, kv_heads, d, dtype, causal, window, softcap, heads", [
-    ((4, 4096, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 0.0, 16),  # 2 GiB of dS: one launch
-    ((1, 16384, 16), 16, 128, jnp.bfloat16, True, (-1, -1), 0.0, 4),  # 512 MiB per head: 4 heads a launch
-    ((4, 4096, 32), 8, 128, jnp.float16, True, (-1, -1), 0.0, 4),  # GQA: 4 query heads per key/value head
-    ((1, 131072, 16), 16, 128, jnp.bfloat16, True, (-1, -1), 0.0, 0),  # 32 GiB for one head: seven products
-    # windows: the workspace banded (16384 x 4352 and x 1280 per head, _launch._ds_banded)
-    ((1, 16384, 16), 16, 128, jnp.bfloat16, True, (4096, 0), 0.0, 8),  # a wide window
-    ((1, 16384, 16), 16, 128, jnp.bfloat16, True, (1024, 0), 0.0, 16),  # a narrow one
-    ((1, 131072, 16), 16, 128, jnp.bfloat16, True, (1024, 0), 0.0, 4),  # banded: 336 MB per head
-    ((4, 4096, 32), 32, 64, jnp.bfloat16, False, (-1, -1), 0.0, 0),  # D 64 (its row spills with the store)
-    ((4, 4096, 16), 16, 96, jnp.bfloat16, False, (-1, -1), 0.0, 0),  # padded head: no TMA
-    ((4, 4096, 16), 16, 128, jnp.float32, False, (-1, -1), 0.0, 0),
-    ((4, 4095, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 0.0, 0),  # seq_q % 4: dK/dV's pointer row
-    ((4, 4096, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 30.0, 0),  # softcap: dK/dV's pointer row
-    # dropout: its TMA row at D 128 (the pointer row with softcap or seq_q % 4; at these lengths the workspace, and
-    # so the heads per launch, is the same for either row's key tiles)
-    ((4, 4096, 16), 16, 128, jnp.bfloat16, True, (-1, -1), 0.0, "dropout 16"),
-    ((4, 4095, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 30.0, "dropout 16"),
-    ((1, 16384, 16), 16, 128, jnp.bfloat16, False, (-1, -1), 0.0, "dropout 4"),
-    ((4, 4096, 32), 8, 128, jnp.bfloat16, True, (-1, -1), 0.0, "dropout 4"),
-    ((4, 4096, 16), 16, 128, jnp.bfloat16, True, (-1, -1), 0.0, "dropout segments 0"),
-    ((1, 16384, 16), 16, 128, jnp.bfloat16, True, (1024, 0), 0.0, "dropout 0"),  # narrow window: seven
-    ((4, 4096, 32), 32, 64, jnp.bfloat16, False, (-1, -1), 0.0, "dropout 0"),  # D 64: its pointer row
-    ((4, 4096, 16), 16, 96, jnp.bfloat16, False, (-1, -1), 0.0, "dropout 0"),  # padded head: dQ's descriptors
-    ((4, 4096, 16), 16, 128, jnp.float32, False, (-1, -1), 0.0, "dropout 0"),
-])
-def test_which_backwards_take_the_ds_path(shape, kv_heads, d, dtype, causal, window, softcap, heads):
-    """_launch.ds_heads on sm90's rows: key/value heads per launch of the dS path, 0 for seven products
-    ("dropout [segments] N": with dropout [and segment ids])."""
-    b, n, h = shape
-    q = jax.ShapeDtypeStruct((b, n, h, d), dtype)
-    k = jax.ShapeDtypeStruct((b, n, kv_heads, d), dtype)
-    variant = str(heads).split()
-    statics = _launch.Statics(d ** -0.5, Band.of(causal, window, n, n), softcap=softcap,
-                              dropout_p=0.1 if "dropout" in variant else 0.0)
-    ids = jnp.zeros((b, n), jnp.int32)
-    extras = Operands(q_segment_ids=ids, kv_segment_ids=ids) if "segments" in variant else Operands()
-    assert _launch.ds_heads("sm90", q, k, statics, extras) == int(variant[-1])
-
-
-def test_banded_ds_path_needs_blocks_within_its_groups():
-    """A banded workspace (_launch._ds_banded) takes dK/dV rows of blocks up to configs.DS_BAND_BLOCK; a row of
-    larger blocks runs seven products, a dQ row of larger blocks is refused by name (kernels/bwd.py ds_col)."""
-    q = jax.ShapeDtypeStruct((1, 16384, 16, 128), jnp.bfloat16)
-    statics = _launch.Statics(128 ** -0.5, Band.of(True, (1024, 0), 16384, 16384))
-    row = dict(DS=True, SPLIT=False, BLOCK_M=64, BLOCK_N=128)
-    assert _launch._ds_heads(q, q, statics, Operands(), row) == 16
-    assert _launch._ds_heads(q, q, statics, Operands(), dict(row, BLOCK_M=256)) == 0
-    causal = _launch.Statics(128 ** -0.5, Band.of(True, (-1, -1), 16384, 16384))  # whole rows: any blocks
-    assert _launch._ds_heads(q, q, causal, Operands(), dict(row, BLOCK_M=256)) == 4
-    x = jnp.zeros((1, 512, 1, 128), jnp.bfloat16)
-    small = _launch.Statics(128 ** -0.5, Band.of(True, (64, 0), 512, 512))
-    dq_row = dict(max_block_d=128, BLOCK_M=256, BLOCK_N=64, num_warps=4, num_stages=1)
-    with pytest.raises(ValueError, match="dQ row with blocks over"):
-        _launch._backward_ds(lambda launch: None, "sm90", x, x, x, jnp.zeros((1, 1, 512)), jnp.zeros((1, 1, 512)), x,
-                             Operands(), small, {"dqds": dq_row}, (row, {}))
 
 
 def test_operands_of_a_group_of_heads():
@@ -553,7 +492,7 @@ def test_operands_of_a_group_of_heads():
 
 @pytest.mark.parametrize("case", ["causal-window-alibi", "gqa-causal"])
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
-def test_tma_path_as_a_block_of_a_larger_call(case, monkeypatch):
+def test_tma_path_as_a_block_of_a_larger_call(case):
     """With Operands.positions (a ring-attention step: tests/test_positions.py checks the pointer path
     against the larger call), the TMA forward and backward equal the pointer kernels: in one loop, with the
     band's edge blocks apart (kernels/fwd.py, bwd.py EDGES), and on the dS path."""
@@ -574,21 +513,19 @@ def test_tma_path_as_a_block_of_a_larger_call(case, monkeypatch):
             edge_launches.append(launch.kernel.__name__)
         return _interpret.run(launch)
 
-    def grads(rows):
-        out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, rows=rows)
+    def grads(rows, edges=NEVER):
+        policy = TRITON.replace(**edges)
+        out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, rows=rows, policy=policy)
         return (out, lse2, *_launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras,
-                                             statics=statics, rows=rows))
+                                             statics=statics, rows=rows, policy=policy))
 
     want_all = grads(None)
-    _edges_apart(monkeypatch, 1 << 30)
     one_loop = grads(TMA_INTERPRET_ROWS)
     assert not edge_launches
-    _edges_apart(monkeypatch, 1)
-    apart = grads(TMA_INTERPRET_ROWS)
+    apart = grads(TMA_INTERPRET_ROWS, ALWAYS)
     assert edge_launches == ["attn_fwd", "attn_bwd_dkdv"]
-    ds_apart = grads(DS_INTERPRET_ROWS)[2:]  # the dS path, its edge launch storing dS too
+    ds_apart = grads(DS_INTERPRET_ROWS, ALWAYS)[2:]  # the dS path, its edge launch storing dS too
     assert edge_launches[2:] == ["attn_fwd", "attn_bwd_dkdv"]
-    _edges_apart(monkeypatch, 1 << 30)
     for name, got, want in [*zip(("out", "lse", "dq", "dk", "dv"), one_loop, want_all),
                             *zip(("edges: out", "edges: lse", "edges: dq", "edges: dk", "edges: dv"), apart, want_all),
                             *zip(("ds: dq", "ds: dk", "ds: dv"), grads(DS_INTERPRET_ROWS)[2:], want_all[2:]),
@@ -597,56 +534,6 @@ def test_tma_path_as_a_block_of_a_larger_call(case, monkeypatch):
         np.testing.assert_array_equal(np.isneginf(g), np.isneginf(w), err_msg=name)
         fin = np.isfinite(w)
         np.testing.assert_allclose(g[fin], w[fin], atol=2e-3 * max(1.0, np.abs(w[fin]).max()), err_msg=name)
-
-
-@pytest.mark.parametrize("case, takes", [
-    ("plain", True), ("dropout", True), ("dropout-narrow-window", False), ("dropout-d64", True), ("segments", False),
-    ("d96", False), ("float32", False), ("odd-seq", True), ("softcap", True)])
-def test_which_calls_take_the_tma_rows(case, takes):
-    """sm90's rows with TMA serve 16-bit, power-of-two heads without segment ids; other calls get the pointer
-    rows (the TMA loops do not compile with those, or need whole-tile heads), as do narrow windows with dropout (the
-    pointer rows are faster there). dK/dV's also needs seq_q a multiple of 4 (_launch._dkdv_takes_tma) and no
-    softcap (it spills there). Dropout's dQ keeps its pointer row: its backward takes the dS path (no dQ kernel
-    draws) but where the workspace does not fit; at D 64 its forward too (the table: no TMA row with dropout), and
-    its dK/dV as without dropout (no D 64 TMA dK/dV row)."""
-    d = {"d96": 96, "dropout-d64": 64}.get(case, 128)
-    dtype = jnp.float32 if case == "float32" else jnp.bfloat16
-    seq = 255 if case == "odd-seq" else 256
-    q = jnp.zeros((1, seq, 2, d), dtype)
-    window = (64, 0) if case == "dropout-narrow-window" else (-1, -1)
-    statics = _launch.Statics(d ** -0.5, Band.of(True, window, seq, seq), dropout_p=0.1 if "dropout" in case else 0.0,
-                              softcap=30.0 if case == "softcap" else 0.0)
-    ids = jnp.zeros((1, seq), jnp.int32) if case == "segments" else None
-    extras = Operands(q_segment_ids=ids, kv_segment_ids=ids)
-    assert _launch._takes_tma(q, statics, extras) == takes
-    assert _launch._dkdv_takes_tma(q, statics, extras) == (takes and case not in ("odd-seq", "softcap"))
-    for kernel, rule in (("fwd", _launch._takes_tma), ("dq", _launch._takes_tma), ("dkdv", _launch._dkdv_takes_tma)):
-        blocks, _ = pick_config("sm90", kernel, d, dtype, kind=_launch._kind(q, q, statics),
-                                tma=rule(q, statics, extras))
-        pointer = (kernel, case) in (("dq", "dropout"), ("fwd", "dropout-d64"), ("dq", "dropout-d64"),
-                                     ("dkdv", "dropout-d64"))
-        assert bool(blocks.get("TMA")) == (rule(q, statics, extras) and not pointer), kernel
-    if case == "dropout-narrow-window":  # the "+window" rows have TMA rows: the rule, not the table, keeps them out
-        assert pick_config("sm90", "dkdv", d, dtype, kind=_launch._kind(q, q, statics))[0].get("TMA")
-
-
-@pytest.mark.parametrize("d, tma", [(16, {}), (32, {}), (48, {}), (64, {"fwd", "dq"}), (96, {}),
-                                    (128, {"fwd", "dq", "dkdv"})])
-def test_which_head_widths_have_tma_rows(d, tma):
-    """sm90's TMA rows by head width (16-bit): D 33-128 all three kernels but D 33-64's dK/dV (its row is a
-    candidate only: configs.py _SM90_DKDV64_TMA) (the D 64 forward's only where
-    it runs persistent: test_which_d64_forwards_take_the_tma_row; configs.py min_block_d keeps D <= 32 on
-    the pointer rows, not measured with TMA); a head that is not a power of two (48, 96) never (whole-tile
-    descriptors)."""
-    q = jnp.zeros((1, 256, 2, d), jnp.bfloat16)
-    statics = _launch.Statics(d ** -0.5, Band.of(False, (-1, -1), 256, 256))
-    extras = Operands()
-    for kernel, rule in (("fwd", _launch._takes_tma), ("dq", _launch._takes_tma), ("dkdv", _launch._dkdv_takes_tma)):
-        blocks, _ = pick_config("sm90", kernel, d, jnp.bfloat16, tma=rule(q, statics, extras))
-        assert bool(blocks.get("TMA")) == (kernel in tma), kernel
-        # float32 never takes them (max_itemsize), whatever the width
-        blocks, _ = pick_config("sm90", kernel, d, jnp.float32, tma=rule(q.astype(jnp.float32), statics, extras))
-        assert not blocks.get("TMA"), kernel
 
 
 # ----- the persistent forward (kernels/fwd.py PERSISTENT): tiles handed out by masking.persistent_tile -----
@@ -669,7 +556,7 @@ def test_persistent_tiles_cover_every_tile_once(programs, n_blocks, rows):
     _interpret.check_available()
     n_tiles = n_blocks * rows
     rounds = -(-n_tiles // programs)
-    (tiles,) = _interpret.run(_launch._launch(
+    (tiles,) = _interpret.run(_launch.launch(
         _tile_order, grid=(programs,), inputs=dict(n_blocks=n_blocks, rows=rows),
         out_shapes=(jax.ShapeDtypeStruct((programs, rounds, 2), jnp.float32),), constexprs=dict(ROUNDS=rounds),
         options={}))
@@ -702,7 +589,7 @@ def test_tiled_grid_order(n_blocks, rows, group, banded):
     (tiled_order, which _tiled_finish weighs persistent grids against) says the same."""
     from jax_flash_amd import _interpret
     _interpret.check_available()
-    (tiles,) = _interpret.run(_launch._launch(
+    (tiles,) = _interpret.run(_launch.launch(
         _tiled_grid_order, grid=(n_blocks, rows), inputs={},
         out_shapes=(jax.ShapeDtypeStruct((n_blocks * rows, 2), jnp.float32),),
         constexprs=dict(BANDED=banded, GROUP_PROGRAMS=group), options={}))
@@ -712,7 +599,7 @@ def test_tiled_grid_order(n_blocks, rows, group, banded):
     want = [(i, r) for first in range(0, rows, per) for i in range(n_blocks)
             for r in range(first, min(first + per, rows))]
     assert got == want
-    assert got == [tuple(t) for t in _launch.tiled_order(n_blocks, rows, banded == 1, group).tolist()]
+    assert got == [tuple(t) for t in plan.tiled_order(n_blocks, rows, banded == 1, group).tolist()]
 
 
 @pytest.mark.parametrize("path", ["seven", "ds"])
@@ -728,80 +615,20 @@ def test_grouped_tile_order_in_the_interpreter(case, path):
     c = {**dict(window=(-1, -1), h=2, h_kv=2), **TMA_CASES[case]}
     b, h, d, dtype = 3, c["h"], 32, jnp.float16
     base_rows = TMA_INTERPRET_ROWS if path == "seven" else DS_INTERPRET_ROWS
-    grouped = {kernel: dict(row, GROUP_PROGRAMS=8) for kernel, row in base_rows.items()}
+    grouped = {kernel: with_(row, group_programs=8) for kernel, row in base_rows.items()}
     q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), dtype, seed=7)
     statics = _launch.Statics(d ** -0.5, Band.of(True, c["window"], c["sq"], c["sk"]))
     results = []
     for rows in (grouped, base_rows):
-        out, lse2 = _launch.forward(_interpret.run, "interpret", q, k, v, statics=statics, rows=rows)
+        out, lse2 = _launch.forward(_interpret.run, "interpret", q, k, v, statics=statics, rows=rows, policy=TRITON)
         results.append((out, lse2) + _launch.backward(_interpret.run, "interpret", q, k, v, out, lse2, dout, dlse,
-                                                      statics=statics, rows=rows))
+                                                      statics=statics, rows=rows, policy=TRITON))
     for got, same in zip(*results):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(same))
     out, lse2, dq, dk, dv = results[0]
     ref = oracle.attention(q, k, v, dout, dlse, causal=True)
     base = run_impl("xla", q, k, v, dout, dlse, causal=True)
     assert_close(dict(out=out, lse=lse2 * np.log(2), dq=dq, dk=dk, dv=dv), ref, base, dtype)
-
-
-@pytest.mark.parametrize("shape, causal, window, persistent", [
-    ((16, 1024, 16), False, None, True), ((16, 1024, 16), True, None, True), ((4, 4096, 16), True, None, True),
-    ((1, 16384, 16), False, None, True), ((1, 16384, 16), True, None, False), ((1, 4096, 16), True, None, False),
-    ((1, 131072, 16), False, None, True), ((1, 131072, 16), True, None, False), ((2, 32768, 16), True, None, False),
-    ((1, 16384, 16), True, (1024, 0), True), ((2, 32768, 16), True, (1024, 0), True),
-    ((1, 16384, 16), False, (4096, 4096), False), ((2, 1000, 16), True, (255, 0), False)])
-def test_which_forwards_run_persistent(shape, causal, window, persistent, monkeypatch):
-    """sm90's D 128 forward row is persistent where one program per SM (132) has a schedule about as
-    balanced as the tiled grid's: every call without a band, causal ones with enough rows per program and
-    at most 32 query blocks per row; not causal 1 x 16384 x 16 or 1 x 4096 x 16 (unbalanced), nor causal
-    N >= 32768 (measured slower: kernels/configs.py). Narrow windows ("+window" rows: the same row, only
-    where persistent, else their pointer row) at any length; a wide window is a band like causal (128
-    query blocks: the TMA row tiled)."""
-    monkeypatch.setattr(_launch, "compute_units", lambda target: 132)
-    b, n, h = shape
-    x = jax.ShapeDtypeStruct((b, n, h, 128), jnp.bfloat16)
-    grids = []
-
-    def run(launch):
-        if launch.constexprs.get("EDGES") != 2:  # not the edges' launch (test_which_calls_run_the_edges_apart)
-            grids.append((launch.grid, launch.constexprs["PERSISTENT"], bool(launch.constexprs.get("TMA"))))
-        return launch.out_shapes
-
-    band = Band.of(causal, window or (-1, -1), n, n)
-    _launch.forward(run, "sm90", x, x, x, statics=_launch.Statics(0.1, band))
-    if persistent:
-        assert grids == [((132, 1), True, True)]
-    else:  # the tiled grid: the TMA row, or for a narrow window the "+window" pointer row (its own blocks)
-        narrow = band.narrow(configs.NARROW_WINDOW)
-        assert grids == [((-(-n // (64 if narrow else 128)), b * h), False, not narrow)]  # "+window": 64 queries
-
-
-@pytest.mark.parametrize("shape, d, causal, tma, persistent", [
-    ((16, 1024, 32), 64, False, True, True), ((16, 1024, 32), 64, True, True, True),
-    ((1, 16384, 32), 64, False, True, True), ((4, 4096, 32), 64, True, False, False),
-    ((1, 16384, 32), 64, True, False, False), ((2, 1000, 32), 64, False, False, False),
-    ((1, 133 * 128, 1), 64, False, True, True), ((1, 1024, 16), 64, False, False, False),
-    ((2, 1000, 16), 128, False, True, False), ((1, 1024, 16), 128, False, True, True),
-    ((16, 512, 32, 16384), 64, True, False, False)])
-def test_which_d64_forwards_take_the_tma_row(shape, d, causal, tma, persistent, monkeypatch):
-    """sm90's D 64 forward row through TMA (configs.py: persistent_only, max_banded_seq) serves only calls
-    it runs persistent, and causal ones only up to 1024 queries; the others (longer causal calls, ragged
-    blocks, one tile per program: 1 x 1024 x 16 is 128 tiles on 132 SMs, a causal call of 512 queries
-    but 16384 keys, whose key loops are long and all masked) take the pointer row. 133 tiles on 132
-    programs run persistent: a tiled grid pays the same second round. The D 128 TMA row also serves calls
-    it runs tiled (ragged) or one tile per program."""
-    monkeypatch.setattr(_launch, "compute_units", lambda target: 132)
-    b, n, h, *sk = shape
-    x = jax.ShapeDtypeStruct((b, n, h, d), jnp.bfloat16)
-    kv = jax.ShapeDtypeStruct((b, sk[0] if sk else n, h, d), jnp.bfloat16)
-    seen = []
-
-    def run(launch):
-        seen.append((bool(launch.constexprs.get("TMA")), launch.constexprs["PERSISTENT"]))
-        return launch.out_shapes
-
-    _launch.forward(run, "sm90", x, kv, kv, statics=_launch.Statics(0.1, Band.of(causal, (-1, -1), n, kv.shape[1])))
-    assert seen == [(tma, persistent)]
 
 
 PERSISTENT_CASES = {
@@ -815,7 +642,7 @@ PERSISTENT_CASES = {
 @pytest.mark.parametrize("case", list(PERSISTENT_CASES))
 @pytest.mark.parametrize("path", ["tma", "pointer"])
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
-def test_persistent_forward_equals_one_program_per_tile(case, path, monkeypatch):
+def test_persistent_forward_equals_one_program_per_tile(case, path):
     """Whole blocks: the persistent forward (1, 3 and 7 programs) gives the tiled forward's output and lse
     exactly, through TMA (float16) and pointer loads (float32); a ragged call takes the tiled grid."""
     from jax_flash_amd import _interpret
@@ -826,28 +653,27 @@ def test_persistent_forward_equals_one_program_per_tile(case, path, monkeypatch)
     q, k, v, _, _ = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), dtype, seed=11)
     extras = Operands(slopes=jnp.asarray([[0.3, 0.1]] * b, jnp.float32) if c["alibi"] else None)
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], c["sq"], c["sk"]), softcap=c["softcap"])
-    row = dict(TMA_INTERPRET_ROW, TMA=path == "tma", WARP_SPECIALIZE=path == "tma")
+    row = with_(TMA_INTERPRET_ROW, tma=path == "tma", warp_specialize=path == "tma")
     grids = []
 
     def run(launch):
         grids.append(launch.grid)
         return _interpret.run(launch)
 
-    def forward(q, persistent):
+    def forward(q, persistent, programs=None):
+        # any schedule: the test is of the kernel (persistent_programs' choice: test_plan.py)
+        policy = TRITON.replace(persistent_balance=float("inf"), compute_units=programs)
         return _launch.forward(run, "interpret", q, k, v, extras, statics=statics,
-                               rows={"fwd": dict(row, PERSISTENT=persistent)})
+                               rows={"fwd": with_(row, persistent=persistent)}, policy=policy)
 
     want = forward(q, 0)
-    # any schedule: the test is of the kernel (persistent_programs' choice: test_which_forwards_run_persistent)
-    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))
     for programs in (1, 3, 7):
-        monkeypatch.setattr(_launch, "compute_units", lambda target: programs)
-        got = forward(q, 1)
+        got = forward(q, 1, programs)
         assert grids[-1] == (programs, 1)
         for g, w in zip(got, want):
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
-    forward(q[:, :-1], 1)  # ragged: one program per tile
-    assert grids[-1] == (c["sq"] // row["BLOCK_M"], b * h)
+    forward(q[:, :-1], 1, 3)  # ragged: one program per tile
+    assert grids[-1] == (c["sq"] // row.block_m, b * h)
 
 
 def _persistent_case(d, causal, variant, seed):
@@ -870,76 +696,29 @@ def _persistent_case(d, causal, variant, seed):
 
 # every sm90 forward row, persistent (kernels/fwd.py PERSISTENT: the shipped persistent rows and the TMA rows
 # made persistent), and the D 64 pointer row made persistent (two programs per SM)
-PERSISTENT_ROWS = [dict(r, PERSISTENT=r.get("PERSISTENT") or 1) for k, r in ROWS if k == "fwd"]
-PERSISTENT_ROWS += [dict(r, PERSISTENT=2) for r in configs.TARGETS["sm90"]["fwd"]
-                    if r["max_block_d"] == 64 and not r.get("TMA")]
+PERSISTENT_ROWS = [with_(r, persistent=r.persistent or 1) for k, r in ROWS if k == "fwd"]
+PERSISTENT_ROWS += [with_(r, persistent=2) for r in configs.TARGETS["sm90"]["fwd"] if r.max_width == 64 and not r.tma]
 
 
-@pytest.mark.parametrize("row", PERSISTENT_ROWS, ids=lambda r: _id(("fwd", r)) + f"-p{r['PERSISTENT']}")
+@pytest.mark.parametrize("row", PERSISTENT_ROWS, ids=lambda r: _id(("fwd", r)) + f"-p{r.persistent}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("variant", ["plain", "gqa-alibi", "window"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-def test_every_sm90_forward_row_persistent(row, causal, variant, monkeypatch):
+def test_every_sm90_forward_row_persistent(row, causal, variant):
     """Whole blocks over 5 programs, so each loops over several tiles (warp-specialised key loops inside
     the tile loop), against float64; then over as many programs as the GPU has units (_persistent_case)."""
-    (q, k, v, _, _), slopes, statics, ref, base = _persistent_case(row["max_block_d"], causal, variant, seed=5)
-    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))  # persistent whatever the schedule
-    for units in (lambda target: 5, _launch.compute_units):
-        monkeypatch.setattr(_launch, "compute_units", units)
+    (q, k, v, _, _), slopes, statics, ref, base = _persistent_case(row.max_width, causal, variant, seed=5)
+    for units in (5, None):  # persistent whatever the schedule
+        policy = TRITON.replace(persistent_balance=float("inf"), compute_units=units)
         out, lse2 = jax.jit(lambda q, k, v, e: _launch.forward(_triton.run, "sm90", q, k, v, e, statics=statics,
-                                                               rows={"fwd": row}))(q, k, v, Operands(slopes=slopes))
+                                                               rows={"fwd": row}, policy=policy))(
+            q, k, v, Operands(slopes=slopes))
         assert np.isfinite(np.asarray(out, np.float32)).all()
         assert_close(dict(out=out, lse=lse2 * np.log(2)), ref, base, jnp.bfloat16, names=("out", "lse"))
 
 
 # ----- the persistent dK/dV (kernels/bwd.py PERSISTENT): key blocks handed out by masking.persistent_tile -----
-
-@pytest.mark.parametrize("shape, d, causal, window, persistent", [
-    ((16, 1024, 32), 64, False, None, True), ((16, 1024, 32), 64, True, None, True),
-    ((4, 4096, 32), 64, False, None, True), ((4, 4096, 32), 64, True, None, True),
-    ((1, 16384, 32), 64, False, None, True), ((1, 16384, 32), 64, True, None, False),
-    ((2, 8192, 32), 64, True, None, False), ((2, 1000, 32), 64, False, None, False),
-    ((1, 512, 32), 64, False, None, False), ((16, 1024, 16), 128, False, None, False),
-    ((16, 1024, 16), 128, True, None, False), ((16, 1024, 16), 64, True, (300, 0), False)])
-def test_which_backwards_run_dkdv_persistent(shape, d, causal, window, persistent, monkeypatch):
-    """sm90's D 64 TMA dK/dV row (a candidate, not shipped: configs.py _SM90_DKDV64_TMA) runs persistent (132
-    programs) where persistent_programs finds the schedule balanced: whole blocks (not N 1000), causal only up
-    to 32 key blocks (not N 8192 or 16384), more tiles than programs (not 1 x 512 x 32: 128 tiles). Not the
-    D 128 row (persistent, its dS store returned NaN on the H200: configs.py), nor the "+window" rows narrow
-    windows take."""
-    monkeypatch.setattr(_launch, "compute_units", lambda target: 132)
-    b, n, h = shape
-    q = kv = jax.ShapeDtypeStruct((b, n, h, d), jnp.bfloat16)
-    lse = jax.ShapeDtypeStruct((b, h, n), jnp.float32)
-    grids = []
-
-    def run(launch):
-        if launch.kernel.__name__ == "attn_bwd_dkdv" and launch.constexprs.get("EDGES") != 2:
-            grids.append((launch.grid, launch.constexprs["PERSISTENT"]))
-        return launch.out_shapes
-
-    statics = _launch.Statics(0.1, Band.of(causal, window or (-1, -1), n, n))
-    rows = {"dkdv": configs._SM90_DKDV64_TMA} if d == 64 and window is None else None
-    jax.eval_shape(lambda q, k, lse: _launch.backward(run, "sm90", q, k, k, q, lse, q, lse, statics=statics,
-                                                      rows=rows), q, kv, lse)
-    assert [p for _, p in grids] == [persistent]
-    assert (grids[0][0] == (132, 1, 1)) == persistent
-
-
-@pytest.mark.parametrize("rows, programs", [(1, 2), (2, 0)])
-def test_persistent_key_blocks_balance(rows, programs, monkeypatch):
-    """persistent_programs over key blocks, by hand: causal 256 queries x 512 keys (bottom-right), 64 x 128
-    tiles, 2 units. Key blocks 0-3 visit 4, 4, 4 and 2 query blocks (costs 5, 5, 5, 3 with the fixed one),
-    launched in that order per row. One row: persistent gives 5 + 3 and 5 + 5, the tiled grid finishes at 10:
-    2 programs. Two rows: persistent 16 and 20, tiled (greedy) 18, over configs.PERSISTENT_BALANCE: tiled.
-    The forward's rule (query blocks) takes both persistent."""
-    monkeypatch.setattr(_launch, "compute_units", lambda target: 2)
-    blocks = dict(BLOCK_M=64, BLOCK_N=128, PERSISTENT=1)
-    band = Band.of(True, (-1, -1), 256, 512)
-    assert _launch.persistent_programs(blocks, "sm90", rows, 256, 512, band, keys=True) == programs
-    assert _launch.persistent_programs(blocks, "sm90", rows, 256, 512, band) == 2
-
 
 # softcap takes dK/dV's pointer row; "ring": a block of a larger causal call (Operands.positions, as in
 # test_tma_path_as_a_block_of_a_larger_call)
@@ -950,11 +729,11 @@ DKDV_PERSISTENT_CASES = {**{c: v for c, v in PERSISTENT_CASES.items() if c != "s
 @pytest.mark.parametrize("case", list(DKDV_PERSISTENT_CASES))
 @pytest.mark.parametrize("path", ["seven", "edges", "ds"])
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
-def test_persistent_dkdv_equals_one_program_per_tile(case, path, monkeypatch):
+def test_persistent_dkdv_equals_one_program_per_tile(case, path):
     """Whole blocks: the persistent TMA dK/dV kernel (1, 3 and 5 programs over 6-12 key-block tiles) gives
     the tiled kernel's gradients exactly on the seven-product path, also with the band's edge blocks apart
     ("edges": the persistent kernel then loops over the unmasked blocks); the dS path runs a PERSISTENT row
-    tiled (persistent with the dS store: NaN on the H200, _launch._dkdv)."""
+    tiled (persistent with the dS store: NaN on the H200, plan.py _dkdv_step)."""
     from jax_flash_amd import _interpret
     _interpret.check_available()
     c = {**dict(causal=False, window=(-1, -1), alibi=False, h_kv=2, positions=False), **DKDV_PERSISTENT_CASES[case]}
@@ -967,8 +746,8 @@ def test_persistent_dkdv_equals_one_program_per_tile(case, path, monkeypatch):
     shape = (80, 96) if c["positions"] else (c["sq"], c["sk"])
     statics = _launch.Statics(d ** -0.5, Band.of(c["causal"], c["window"], *shape))
     rows = DS_INTERPRET_ROWS if path == "ds" else TMA_INTERPRET_ROWS
-    monkeypatch.setattr(configs, "NARROW_WINDOW", 0)  # the window case takes the dS path too
-    _edges_apart(monkeypatch, 1 if path == "edges" else 1 << 30)
+    # the window case takes the dS path too
+    policy = TRITON.replace(narrow_window=0, **(ALWAYS if path == "edges" else NEVER))
     grids = []
 
     def run(launch):
@@ -976,38 +755,36 @@ def test_persistent_dkdv_equals_one_program_per_tile(case, path, monkeypatch):
             grids.append(launch.grid)
         return _interpret.run(launch)
 
-    out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, rows=rows)
+    out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, rows=rows, policy=policy)
 
-    def backward(persistent):
+    def backward(persistent, programs=None):
+        # any schedule: the test is of the kernel (the choice: test_plan.py)
         return _launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics,
-                                rows={**rows, "dkdv": dict(rows["dkdv"], PERSISTENT=persistent)})
+                                rows={**rows, "dkdv": with_(rows["dkdv"], persistent=persistent)},
+                                policy=policy.replace(persistent_balance=float("inf"), compute_units=programs))
 
     want = backward(0)
-    # any schedule: the test is of the kernel (the choice: test_which_backwards_run_dkdv_persistent)
-    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))
     for programs in (1, 3, 5):
-        monkeypatch.setattr(_launch, "compute_units", lambda target: programs)
-        got = backward(1)
+        got = backward(1, programs)
         assert grids[-1] == (grids[0] if path == "ds" else (programs, 1, 1))
         for g, w in zip(got, want):
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
 # the persistent TMA dK/dV rows (the D 64 candidate; the D 128 dS row returned NaN persistent: configs.py)
-@pytest.mark.parametrize("row", [r for kernel, r in ROWS if kernel == "dkdv" and r.get("PERSISTENT")],
+@pytest.mark.parametrize("row", [r for kernel, r in ROWS if kernel == "dkdv" and r.persistent],
                          ids=lambda r: _id(("dkdv", r)))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("variant", ["plain", "gqa-alibi", "window"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-def test_every_sm90_dkdv_row_persistent(row, causal, variant, monkeypatch):
+def test_every_sm90_dkdv_row_persistent(row, causal, variant):
     """Every persistent sm90 TMA dK/dV row, over 5 and 13 programs (each loops over several key blocks, its
     query loop inside the tile loop), against float64."""
-    args, slopes, statics, ref, base = _persistent_case(row["max_block_d"], causal, variant, seed=9)
-    monkeypatch.setattr(configs, "PERSISTENT_BALANCE", float("inf"))  # persistent whatever the schedule
+    args, slopes, statics, ref, base = _persistent_case(row.max_width, causal, variant, seed=9)
     rows = {"dkdv": row}
     for programs in (5, 13):  # 16 or 32 key-block tiles: uneven last rounds
-        monkeypatch.setattr(_launch, "compute_units", lambda target: programs)
+        policy = TRITON.replace(persistent_balance=float("inf"), compute_units=programs)  # whatever the schedule
         grids = []
 
         def run(launch):
@@ -1016,16 +793,16 @@ def test_every_sm90_dkdv_row_persistent(row, causal, variant, monkeypatch):
             return _triton.run(launch)
 
         # rows only name dK/dV's: the forward takes its defaults
-        got = jax.jit(fwd_bwd_through(run, "sm90", statics, rows))(*args, Operands(slopes=slopes))
+        got = jax.jit(fwd_bwd_through(run, "sm90", statics, rows, policy))(*args, Operands(slopes=slopes))
         assert grids and all(g == (programs, 1, 1) for g in grids), grids  # persistent
         for name, x in got.items():
             assert np.isfinite(np.asarray(x, np.float32)[np.isfinite(ref[name])]).all(), name
         assert_close(got, ref, base, jnp.bfloat16)
 
 
-# the shipped rows with other processes on the GPU: the warp-specialised dK/dV kernels with lse and delta through
+# the shipped kernels with other processes on the GPU: the warp-specialised dK/dV kernels with lse and delta through
 # 1-D descriptors passed every test alone but returned NaN in 42 of 600 calls with 16 processes sharing the H200
-# (benchmarks/hopper_ws_sanitizer_probe.py, NOTES "Tenth session")
+# (docs/tuning.md, Hopper dK/dV)
 @pytest.mark.parametrize("shape", [
     ["300", "40", "causal", "alibi", "128", "4"],  # D 128: the warp-specialised forward and dK/dV, masked
     ["256", "40", "full", "noalibi", "128", "4"],  # the same unmasked (whole blocks: lse / delta loaded first)
@@ -1035,15 +812,15 @@ def test_every_sm90_dkdv_row_persistent(row, causal, variant, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_shipped_rows_under_contention(shape):
-    """8 processes at once, each 40 forward + backward calls of the shipped rows (batch 2; N, calls, mask, ALiBi,
-    D, H and the dropout rate as `shape` gives them to the probe), every call finite and bit for bit the first
-    call's (the kernels are deterministic)."""
+    """8 processes at once, each 40 forward + backward calls of the shipped kernels (batch 2; N, calls, mask, ALiBi,
+    D, H and the dropout rate as `shape` gives them to tests/contention.py), every call finite and bit for bit the
+    first call's (the kernels are deterministic)."""
     if _triton.target() != "sm90":
         pytest.skip("needs a Hopper GPU")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    command = [sys.executable, "-m", "benchmarks.hopper_ws_sanitizer_probe", "default", *shape]
-    procs = [subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(8)]
+    here = os.path.dirname(os.path.abspath(__file__))
+    command = [sys.executable, os.path.join(here, "contention.py"), *shape]
+    procs = [subprocess.Popen(command, cwd=os.path.dirname(here), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(8)]
     try:
         outputs = [p.communicate(timeout=900)[0] for p in procs]
     finally:
@@ -1051,67 +828,3 @@ def test_shipped_rows_under_contention(shape):
             p.kill()
     for p, output in zip(procs, outputs):
         assert p.returncode == 0 and "calls 40, wrong 0" in output, output[-3000:]
-
-
-# ----- the band's edge blocks in a launch of their own (kernels/fwd.py, bwd.py EDGES; _launch.edges_apart) -----
-
-@pytest.mark.parametrize("shape, d, causal, window, fwd, dkdv", [
-    # the dS path: 256 query blocks (configs.DS_EDGES_APART_BLOCKS), by groups of 4 heads (a pair of launches each)
-    ((1, 16384, 16), 128, True, None, True, True),
-    ((1, 16384, 32), 64, True, None, False, False),  # D 64: the pointer rows (causal forward; dK/dV: configs.py)
-    ((2, 8192, 16), 128, True, None, True, False),  # 64 key blocks; the dS path's 128 query blocks
-    ((4, 4096, 16), 128, True, None, False, False),  # 32 blocks (and a persistent forward)
-    ((4, 4096, 32), 64, True, None, False, False),
-    ((1, 16384, 16), 128, False, None, False, False),  # no band, whole blocks: nothing masked
-    ((1, 16380, 16), 128, False, None, True, True),  # ragged blocks: every block masked otherwise
-    ((1, 16384, 16), 128, True, (8191, 0), True, False),  # a wide window: 64 key blocks, 128 query blocks
-    ((1, 16384, 16), 128, True, (1024, 0), False, False),  # a narrow one: 9 blocks
-    ((1, 16384, 16), 96, True, None, False, False),  # no TMA (padded head)
-])
-def test_which_calls_run_the_edges_apart(shape, d, causal, window, fwd, dkdv, monkeypatch):
-    """sm90's TMA rows run the band's masked edge blocks in a second launch where their loop would mask
-    (a band, ragged blocks) and runs at least configs.EDGES_APART_BLOCKS blocks (DS_EDGES_APART_BLOCKS on the dS
-    path; the band's width where it bounds both sides); not persistent forwards."""
-    monkeypatch.setattr(_launch, "compute_units", lambda target: 132)
-    b, n, h = shape
-    launched = []
-
-    def run(launch):
-        launched.append((launch.kernel.__name__, launch.constexprs.get("EDGES")))
-        return tuple(jnp.zeros(s.shape, s.dtype) for s in launch.out_shapes)
-
-    statics = _launch.Statics(d ** -0.5, Band.of(causal, window or (-1, -1), n, n))
-
-    def f(x, lse):
-        out, lse2 = _launch.forward(run, "sm90", x, x, x, statics=statics)
-        return _launch.backward(run, "sm90", x, x, x, out, lse2, x, lse, statics=statics)
-
-    jax.eval_shape(f, jax.ShapeDtypeStruct((b, n, h, d), jnp.bfloat16), jax.ShapeDtypeStruct((b, h, n), jnp.float32))
-    for name, apart in (("attn_fwd", fwd), ("attn_bwd_dkdv", dkdv)):
-        edges = [e for kernel, e in launched if kernel == name]
-        assert edges and edges == ([1, 2] * (len(edges) // 2) if apart else [0] * len(edges)), (name, launched)
-
-
-@pytest.mark.parametrize("window", [None, (8191, 0)], ids=["causal", "wide-window"])
-def test_dropout_runs_no_edges_apart(window, monkeypatch):
-    """With dropout the TMA rows keep the band's edge blocks in their one loop (the forward's partial would carry
-    keep_scale; _launch.edges_apart's callers), where without it the same calls run them apart (above)."""
-    monkeypatch.setattr(_launch, "compute_units", lambda target: 132)
-    b, n, h, d = 1, 16384, 16, 128
-    launched = []
-
-    def run(launch):
-        launched.append((launch.kernel.__name__, launch.constexprs.get("EDGES"), launch.constexprs.get("TMA")))
-        return tuple(jnp.zeros(s.shape, s.dtype) for s in launch.out_shapes)
-
-    statics = _launch.Statics(d ** -0.5, Band.of(True, window or (-1, -1), n, n), dropout_p=0.1)
-    extras = Operands(seeds=reference.dropout_seeds(jax.random.key(0), b, h))
-
-    def f(x, lse):
-        out, lse2 = _launch.forward(run, "sm90", x, x, x, extras, statics=statics)
-        return _launch.backward(run, "sm90", x, x, x, out, lse2, x, lse, extras, statics=statics)
-
-    jax.eval_shape(f, jax.ShapeDtypeStruct((b, n, h, d), jnp.bfloat16), jax.ShapeDtypeStruct((b, h, n), jnp.float32))
-    for name in ("attn_fwd", "attn_bwd_dkdv"):
-        runs = [(e, tma) for kernel, e, tma in launched if kernel == name]
-        assert runs and all(e == 0 and tma for e, tma in runs), (name, launched)
