@@ -133,7 +133,8 @@ TARGETS = ("gfx90a", "gfx942", "gfx950", "sm90", "cuda", "interpret")
 def explain(q, k, v, *, target: str | None = None, causal: bool = False, softmax_scale: float | None = None,
             window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0,
             dropout_rng=None, q_segment_ids=None, kv_segment_ids=None, q_descale=None, k_descale=None,
-            v_descale=None, return_lse: bool = False, implementation: str | None = None) -> plan.Explanation:
+            v_descale=None, bias=None, mask=None, return_lse: bool = False,
+            implementation: str | None = None) -> plan.Explanation:
     """Which kernels `attention` runs for these arguments, and why: its forward and backward plans (kernels,
     config rows, grids, flags, workspace bytes, a reason per step). Nothing is computed or compiled.
 
@@ -158,14 +159,15 @@ def explain(q, k, v, *, target: str | None = None, causal: bool = False, softmax
         impl = _dispatch.choose_implementation(implementation)
         target = _dispatch.backend(impl)[1] if impl != "xla" else None
     arrays = dict(alibi_slopes=alibi_slopes, dropout_rng=dropout_rng, q_segment_ids=q_segment_ids,
-                  kv_segment_ids=kv_segment_ids, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+                  kv_segment_ids=kv_segment_ids, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                  bias=bias, mask=mask)
     found = {}
 
     def trace(q, k, v, arrays):
         found["call"] = _prepare(q, k, v, causal, softmax_scale, window_size, softcap, arrays["alibi_slopes"],
                                  dropout_p, arrays["dropout_rng"], arrays["q_segment_ids"], arrays["kv_segment_ids"],
                                  arrays["q_descale"], arrays["k_descale"], arrays["v_descale"], return_lse, impl,
-                                 target)
+                                 target, bias=arrays["bias"], mask=arrays["mask"])
 
     jax.eval_shape(trace, *(_shape(x, name) for name, x in (("q", q), ("k", k), ("v", v))),
                    {name: None if x is None else _shape(x, name) for name, x in arrays.items()})

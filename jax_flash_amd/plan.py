@@ -55,6 +55,9 @@ class Policy:
         limits = {k: change.pop(k) for k in list(change) if k in limit_names}
         if "rows" in change and isinstance(change["rows"], dict):
             change["rows"] = tuple(sorted(change["rows"].items()))
+        for name in ("gluon_fwd", "gluon_fwd_fp8", "gluon_dkdv"):  # hashable: a call's static options carry it
+            if name in change:
+                change[name] = tuple(change[name])
         return dataclasses.replace(self, limits=dataclasses.replace(self.limits, **limits), **change)
 
     def row(self, table: str):
@@ -395,13 +398,14 @@ def p8_log2(call: Call) -> int:
 
 # ----- grids: persistent where balanced, the band's edges apart on long TMA loops -----
 
-def persistent_programs(call: Call, block_m: int, block_n: int, per_cu: int, keys: bool = False) -> int:
+def persistent_programs(call: Call, block_m: int, block_n: int, per_cu: int, keys: bool = False,
+                        group_programs: int | None = None) -> int:
     """Programs of a persistent grid (per_cu programs per compute unit; keys: a dK/dV grid over key blocks), or
     0 for one program per tile. Only calls of whole query and key blocks (one descriptor per tensor serves every
     tile), and only where the fixed schedule is about as balanced as the tiled grid's: its busiest program's
     work at most limits.persistent_balance times the tiled grid's finish (_tiled_finish), a tile's work the
     blocks of the other side it visits plus one. With a band other than a narrow window, also only up to
-    limits.persistent_banded_blocks blocks per row."""
+    limits.persistent_banded_blocks blocks per row. group_programs: the tiled grid's (the row's, else the kernels')."""
     sq, sk, band, limits = call.seq_q, call.seq_k, call.band, call.limits
     rows = call.batch * (call.kv_heads if keys else call.heads)
     if not per_cu or sq % block_m or sk % block_n:
@@ -426,7 +430,7 @@ def persistent_programs(call: Call, block_m: int, block_n: int, per_cu: int, key
     rounds, column = np.divmod(i, programs)
     column = np.where(rounds % 2 == 1, programs - 1 - column, column)  # masking._column's snake
     work = np.bincount(column, cost[i % n_blocks], programs)
-    tiled = _tiled_finish(cost, rows, programs, band.sides == 1, configs.TILED_GROUP_PROGRAMS)
+    tiled = _tiled_finish(cost, rows, programs, band.sides == 1, group_programs or configs.TILED_GROUP_PROGRAMS)
     return programs if work.max() <= limits.persistent_balance * tiled else 0
 
 
@@ -580,13 +584,14 @@ def plan_forward(call: Call) -> Plan:
     tma = takes_tma(call)
     banded_seq = max(call.seq_q, call.seq_k) if call.band.sides else 0
     row = pick(call, "fwd", tma, banded_seq)
-    programs = persistent_programs(call, row.block_m, row.block_n, row.persistent)
+    programs = persistent_programs(call, row.block_m, row.block_n, row.persistent, group_programs=row.group_programs)
     tiles = call.batch * call.heads * _cdiv(call.seq_q, row.block_m)
     if not programs or programs >= tiles:  # rows that serve only calls they run persistent give way
         tiled = pick(call, "fwd", tma, banded_seq, persistent=False)
         if tiled != row:
             row = tiled
-            programs = persistent_programs(call, row.block_m, row.block_n, row.persistent)
+            programs = persistent_programs(call, row.block_m, row.block_n, row.persistent,
+                                           group_programs=row.group_programs)
     if call.fp8:
         steps.append(_keys_last_step(call, mma_order=False))
     flags = {**_common(call), "P8_LOG2": p8_log2(call), **_row_constexprs(call, row)}
@@ -715,7 +720,7 @@ def _dkdv_step(call: Call, row, ds: bool) -> list[Step]:
         flags["QUERIES_EVEN"] = call.seq_q % row.block_m == 0 and call.seq_k % row.block_n == 0
     n_blocks = _cdiv(call.seq_k, row.block_n)
     # not while storing dS: persistent, that returned NaN on the H200 (Triton 3.6)
-    programs = (persistent_programs(call, row.block_m, row.block_n, row.persistent, keys=True)
+    programs = (persistent_programs(call, row.block_m, row.block_n, row.persistent, True, row.group_programs)
                 if row.tma and not row.split and not ds else 0)
     persistent = 0 < programs < n_blocks * call.batch * call.kv_heads
     edges = edges_apart(call, row, call.seq_q, row.block_m, flags.get("QUERIES_EVEN", False), ds)

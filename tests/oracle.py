@@ -9,10 +9,11 @@ def _f64(x):
 
 
 def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, alibi=None,
-              segments=None, keep=None, dropout_p=0.0):
-    """Returns dict(out, lse, dq, dk, dv) in float64 for cotangents dout (and dlse, default 0).
-    segments: (q ids (B, Sq), kv ids (B, Sk)); keep: (B, H, Sq, Sk) bool dropout mask, kept
-    probabilities scaled by 1 / (1 - the applied rate) (dropout_p rounded to a multiple of 1/256)."""
+              segments=None, keep=None, dropout_p=0.0, bias=None, mask=None):
+    """Returns dict(out, lse, dq, dk, dv) in float64 for cotangents dout (and dlse, default 0), and dbias where
+    a bias is given. segments: (q ids (B, Sq), kv ids (B, Sk)); keep: (B, H, Sq, Sk) bool dropout mask, kept
+    probabilities scaled by 1 / (1 - the applied rate) (dropout_p rounded to a multiple of 1/256); bias (added to
+    the logits after softcap and ALiBi) and mask (bool), broadcastable to (B, H, Sq, Sk)."""
     q, k, v, dout = map(_f64, (q, k, v, dout))
     group = q.shape[2] // k.shape[2]  # grouped-query attention: each key/value head serves `group` query heads
     k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
@@ -34,9 +35,13 @@ def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None, window=(-1,
         s = np.where(j >= i - left, s, -np.inf)
     if right >= 0:
         s = np.where(j <= i + right, s, -np.inf)
+    if bias is not None:
+        s = s + _f64(bias)
     if segments is not None:
         q_ids, kv_ids = (np.asarray(x) for x in segments)
         s = np.where((q_ids[:, :, None] == kv_ids[:, None, :])[:, None], s, -np.inf)
+    if mask is not None:
+        s = np.where(np.asarray(mask), s, -np.inf)
     m = s.max(-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m)
@@ -49,9 +54,15 @@ def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None, window=(-1,
     dv = np.einsum("bhqk,bqhd->bkhd", p * drop, dout)
     dp = np.einsum("bqhd,bkhd->bhqk", dout, v) * drop
     delta = np.einsum("bqhd,bqhd->bhq", dout, out)
-    ds = p * (dp - delta[..., None] + dlse[..., None]) * dcap
+    dlogits = p * (dp - delta[..., None] + dlse[..., None])
+    ds = dlogits * dcap
     dq = np.einsum("bhqk,bkhd->bqhd", ds, k) * scale
     dk = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
     b, _, h, d = dk.shape
     dk, dv = (x.reshape(b, sk, h // group, group, d).sum(3) for x in (dk, dv))
-    return dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+    grads = dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+    if bias is not None:  # summed over the axes the bias broadcasts along
+        shape = (1,) * (4 - np.ndim(bias)) + np.shape(bias)
+        axes = tuple(i for i, n in enumerate(shape) if n == 1 and dlogits.shape[i] > 1)
+        grads["dbias"] = dlogits.sum(axis=axes, keepdims=True).reshape(np.shape(bias))
+    return grads

@@ -1,0 +1,187 @@
+"""A dense bias and mask (attention(bias=, mask=)) in the kernels, forward and backward (dq, dk, dv and the bias's
+gradient), against float64, in every broadcast shape and composed with the other variants; the ranges that skip
+the blocks a mask hides; and bad input."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash_amd
+import oracle
+from helpers import KERNEL_IMPLS, assert_close, inputs
+from jax_flash_amd import _launch, reference
+from jax_flash_amd.operands import Operands
+
+B, H, D = 2, 4, 40  # D 40: a head padded to 64 in the kernels
+
+CASES = {
+    "bias-full": dict(bias=(B, H, "q", "k")),
+    "bias-heads": dict(bias=(1, H, "q", "k"), causal=True),  # a learned relative-position bias
+    "bias-keys": dict(bias=(B, 1, 1, "k")),  # a padding bias
+    "bias-2d": dict(bias=("q", "k"), sq=64, sk=64),  # whole blocks
+    "bias-rows": dict(bias=(B, 1, "q", 1), causal=True, sk=70),
+    "bias-scalar-per-head": dict(bias=(1, H, 1, 1)),
+    "mask-padding": dict(mask="padding"),  # (B, 1, 1, Sk): keys past each row's length hidden
+    "mask-causal-dense": dict(mask="tril", sq=64, sk=64),  # (1, 1, Sq, Sk): block skipping by its ranges
+    "mask-random": dict(mask=(B, H, "q", "k")),  # with rows it hides entirely
+    "mask-bias-causal-gqa": dict(mask=(B, 1, "q", "k"), bias=(1, H, "q", "k"), causal=True, h_kv=2),
+    "bias-softcap-alibi": dict(bias=(B, H, "q", "k"), softcap=4.0, alibi=True, causal=True),
+    "mask-window-segments": dict(mask=(1, 1, "q", "k"), window=(9, 4), segments=True),
+    "bias-mask-dropout": dict(bias=(1, H, "q", "k"), mask="padding", dropout=0.2),
+    "bias-bf16": dict(bias=(1, H, "q", "k"), dtype=jnp.bfloat16, causal=True),
+    "mask-f16-gqa": dict(mask=(B, 1, "q", "k"), dtype=jnp.float16, h_kv=1),
+}
+
+
+def case_inputs(name, seed=0):
+    c = {**dict(sq=45, sk=53, causal=False, window=(-1, -1), softcap=0.0, alibi=False, segments=False, dropout=0.0,
+                h_kv=H, dtype=jnp.float32, bias=None, mask=None), **CASES[name]}
+    sq, sk = c["sq"], c["sk"]
+    q, k, v, dout, dlse = inputs((B, sq, H, D), (B, sk, c["h_kv"], D), c["dtype"], seed=seed)
+    keys = jax.random.split(jax.random.key(seed + 100), 4)
+    size = {"q": sq, "k": sk}
+    kw = dict(causal=c["causal"], window_size=c["window"], softcap=c["softcap"])
+    ref_kw = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"])
+    if c["bias"] is not None:
+        shape = tuple(size.get(n, n) for n in c["bias"])
+        kw["bias"] = ref_kw["bias"] = jax.random.normal(keys[0], shape, jnp.float32).astype(c["dtype"])
+    if c["mask"] == "padding":
+        lengths = jnp.array([sk - 7, 5])
+        mask = (jnp.arange(sk)[None, :] < lengths[:, None])[:, None, None, :]
+    elif c["mask"] == "tril":
+        mask = jnp.tril(jnp.ones((sq, sk), bool))[None, None]
+    elif c["mask"] is not None:
+        mask = jax.random.uniform(keys[1], tuple(size.get(n, n) for n in c["mask"])) > 0.4
+        mask = mask.at[..., 3, :].set(False)  # a row that sees nothing
+    if c["mask"] is not None:
+        kw["mask"] = ref_kw["mask"] = mask
+    if c["alibi"]:
+        kw["alibi_slopes"] = ref_kw["alibi"] = jnp.linspace(0.1, 0.9, B * H, dtype=jnp.float32).reshape(B, H)
+    if c["segments"]:
+        q_ids = jnp.repeat(jnp.arange(3), -(-sq // 3))[None, :sq].repeat(B, 0)
+        kv_ids = jnp.repeat(jnp.arange(3), -(-sk // 3))[None, :sk].repeat(B, 0)
+        kw.update(q_segment_ids=q_ids, kv_segment_ids=kv_ids)
+        ref_kw["segments"] = (q_ids, kv_ids)
+    if c["dropout"]:
+        rng = jax.random.key(7)
+        kw.update(dropout_p=c["dropout"], dropout_rng=rng)
+        seeds = reference.dropout_seeds(rng, B, H)
+        ref_kw.update(dropout_p=c["dropout"], keep=reference.dropout_keep(seeds, sq, sk, c["dropout"]))
+    return (q, k, v, dout, dlse), kw, ref_kw, c["dtype"]
+
+
+def run(impl, q, k, v, dout, dlse, kw):
+    """dict(out, lse, dq, dk, dv[, dbias]) of a forward and a vjp with random cotangents."""
+    bias = kw.get("bias")
+    rest = {n: x for n, x in kw.items() if n != "bias"}
+
+    def fwd_bwd(q, k, v, bias, dout, dlse):
+        def f(q, k, v, bias):
+            return jax_flash_amd.attention(q, k, v, bias=bias, return_lse=True, implementation=impl, **rest)
+
+        (out, lse), vjp = jax.vjp(f, q, k, v, bias)
+        dq, dk, dv, dbias = vjp((dout, dlse))
+        grads = dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+        return grads if bias is None else dict(grads, dbias=dbias)
+
+    return jax.jit(fwd_bwd)(q, k, v, bias, dout, dlse)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_dense_bias_and_mask_against_float64(name, impl):
+    (q, k, v, dout, dlse), kw, ref_kw, dtype = case_inputs(name)
+    got = run(impl, q, k, v, dout, dlse, kw)
+    ref = oracle.attention(q, k, v, dout, dlse, **ref_kw)
+    base = run("xla", q, k, v, dout, dlse, kw)
+    names = ("out", "lse", "dq", "dk", "dv") + (("dbias",) if "bias" in kw else ())
+    assert_close(got, ref, base, dtype, names=names)
+    if "mask" in kw:  # rows the mask hides entirely: output 0, lse -inf
+        hidden = ~np.isfinite(ref["lse"])
+        if hidden.any():
+            assert np.all(np.asarray(got["out"], np.float32).transpose(0, 2, 1, 3)[hidden] == 0)
+
+
+@pytest.mark.parametrize("name", ["bias-heads", "mask-padding", "mask-bias-causal-gqa"])
+@pytest.mark.parametrize("target", ["sm90", "gfx942", "interpret"])
+def test_dense_calls_run_the_triton_kernels(name, target):
+    """The kernels, not a fallback: the pointer rows (no TMA loop, no Gluon kernel reads a dense operand), and the
+    bias's gradient kernel where there is a bias."""
+    (q, k, v, _, _), kw, _, _ = case_inputs(name)
+    e = jax_flash_amd.explain(q, k, v, target=target, **kw)
+    assert e.forward.kernels == ("attn_fwd",) and not e.forward.step("fwd").row.tma
+    assert ("attn_bwd_dbias" in e.backward.kernels) == ("bias" in kw)
+    assert "attn_bwd_dkdv" in e.backward.kernels and not e.backward.step("dkdv").row.tma
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 1, 53), (1, 1, 45, 53), (2, 3, 45, 53), (2, 3, 45, 1), (1, 1, 1, 1)])
+@pytest.mark.parametrize("query_side", [True, False])
+def test_mask_ranges_bound_the_visible_blocks(shape, query_side):
+    """For each block of 16 queries (or keys), [lo, hi) holds every key (query) the mask lets any of them see in
+    any head, tight at both ends; [0, 0) where it hides them all."""
+    sq, sk = 45, 53
+    mask = jax.random.uniform(jax.random.key(3), shape) > 0.85
+    mask = mask.at[..., 0:2, :].set(False) if shape[2] > 1 else mask
+    got = np.asarray(_launch.mask_ranges(mask, 2, sq, sk, 16, query_side))
+    seen = np.broadcast_to(np.asarray(mask).any(1), (2, sq, sk))
+    if not query_side:
+        seen = seen.transpose(0, 2, 1)
+    for b in range(2):
+        for i, start in enumerate(range(0, seen.shape[1], 16)):
+            cols = np.flatnonzero(seen[b, start:start + 16].any(0))
+            want = (cols[0], cols[-1] + 1) if cols.size else (0, 0)
+            assert tuple(got[b, i]) == want, (b, i)
+
+
+def test_mask_and_segment_ranges_intersect():
+    (q, k, _, _, _), kw, _, _ = case_inputs("mask-window-segments")
+    extras = Operands(mask=kw["mask"], q_segment_ids=kw["q_segment_ids"], kv_segment_ids=kw["kv_segment_ids"])
+    both = np.asarray(_launch._ranges(extras, True, 16, q, k))
+    seg = np.asarray(_launch.segment_ranges(kw["q_segment_ids"], kw["kv_segment_ids"], 16))
+    mask = np.asarray(_launch.mask_ranges(kw["mask"], B, q.shape[1], k.shape[1], 16, True))
+    np.testing.assert_array_equal(both[..., 0], np.maximum(seg[..., 0], mask[..., 0]))
+    np.testing.assert_array_equal(both[..., 1], np.minimum(seg[..., 1], mask[..., 1]))
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    (dict(bias=np.zeros((2, 4, 45, 50), np.float32)), ValueError, "bias must broadcast to"),
+    (dict(bias=np.zeros((3, 1, 1, 53), np.float32)), ValueError, "bias must broadcast to"),
+    (dict(bias=np.zeros((1, 2, 3, 4, 5), np.float32)), ValueError, "bias must broadcast to"),
+    (dict(bias=np.zeros((45, 53), np.int32)), TypeError, "bias must be float16, bfloat16 or float32"),
+    (dict(bias=[1.0]), TypeError, "bias must be an array"),
+    (dict(mask=np.ones((45, 53), np.int8)), TypeError, "mask must be a boolean array"),
+    (dict(mask=np.ones((2, 4, 44, 53), bool)), ValueError, "mask must broadcast to"),
+])
+def test_bad_bias_and_mask_are_named(kw, error, match):
+    q, k, v, _, _ = inputs((B, 45, H, D), (B, 53, H, D), jnp.float32)
+    with pytest.raises(error, match=match):
+        jax_flash_amd.attention(q, k, v, implementation="xla", **kw)
+
+
+def test_fp8_takes_no_dense_operand():
+    x = jnp.zeros((1, 16, 2, 32), jnp.float8_e4m3fn)
+    d = jnp.ones((1, 2), jnp.float32)
+    with pytest.raises(ValueError, match="float8 inputs"):
+        jax_flash_amd.attention(x, x, x, q_descale=d, k_descale=d, v_descale=d, mask=jnp.ones((16, 16), bool),
+                                implementation="xla")
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_vmap_over_a_bias_call(impl):
+    """vmap folds the mapped axis into the batch: a mapped bias, and an unmapped one broadcast over the batch
+    (whose gradient is per mapped row, then summed by vmap's transpose), equal the loop over rows."""
+    (q, k, v, dout, _), kw, _, _ = case_inputs("bias-heads")
+    bias = kw["bias"]
+
+    def loss(q, bias):
+        out = jax_flash_amd.attention(q, k, v, bias=bias, causal=True, implementation=impl)
+        return (out * dout).sum()
+
+    qs = jnp.stack([q, q * 0.5])
+    biases = jnp.stack([bias, bias * 2.0])
+    for bias_axis, b_in in ((0, biases), (None, bias)):
+        got = jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=(0, bias_axis))(qs, b_in)
+        for i in range(2):
+            want = jax.grad(loss, argnums=(0, 1))(qs[i], b_in[i] if bias_axis == 0 else bias)
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(np.asarray(g[i]), np.asarray(w), atol=2e-5, rtol=2e-5)
