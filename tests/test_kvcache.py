@@ -12,7 +12,7 @@ from flax import nnx
 import jax_flash_amd
 import oracle
 from helpers import KERNEL_IMPLS, ON_GPU, assert_close
-from jax_flash_amd import kvcache, plan
+from jax_flash_amd import plan
 
 IMPLS = KERNEL_IMPLS + ["xla"]
 
