@@ -202,7 +202,8 @@ def _raiser(e: Exception):
 def sweep(q, k_cache, v_cache, lens, copy_bw: float, kv_bytes: int, page: int | None,
           impl: str = "triton") -> list[dict]:
     """Ours at other decode configs and split counts (kvcache.launches with explicit rows)."""
-    from jax_flash_amd import _dispatch, kvcache
+    from jax_flash_amd import _dispatch, kvcache, plan
+    from jax_flash_amd.kernels.configs import DecodeRow
     from jax_flash_amd.rules import Band
 
     run, target = _dispatch.backend(impl)
@@ -210,16 +211,18 @@ def sweep(q, k_cache, v_cache, lens, copy_bw: float, kv_bytes: int, page: int | 
     if page:
         k_cache, table = paged_copy(k_cache, page, 0)
         v_cache, _ = paged_copy(v_cache, page, 0)
-    default = kvcache.plan(target, q, k_cache, table)
+    band = Band.of(True, (-1, -1), 1, k_cache.shape[1])
+    default = plan.plan_decode(kvcache.decode_call(target, kvcache.Options(impl, D ** -0.5, band), q, k_cache, table))
+    default_splits = default.step("decode").grid[1]
     rows = []
     base = 3 if not page else 5  # the default stages (configs.py: paged rows take two more)
     configs = [(bn, w, s) for bn in (64, 128) for w in (2, 4, 8) for s in (base, base + 1)] + [(32, 4, base)]
-    splits = sorted({max(1, default["splits"] // 2), default["splits"] * 2, default["splits"] * 4})
-    for (bn, w, s), n in [(c, default["splits"]) for c in configs] + [((64, 4, base), n) for n in splits]:
+    splits = sorted({max(1, default_splits // 2), default_splits * 2, default_splits * 4})
+    for (bn, w, s), n in [(c, default_splits) for c in configs] + [((64, 4, base), n) for n in splits]:
         if page and page % bn:
             continue
-        row = dict(max_block_d=512, BLOCK_M=16, BLOCK_N=bn, num_warps=w, num_stages=s)
-        opts = kvcache.Options(impl, D ** -0.5, Band.of(True, (-1, -1), 1, k_cache.shape[1]), num_splits=n)
+        row = DecodeRow(f"sweep/decode/16x{bn}w{w}s{s}", block_m=16, block_n=bn, num_warps=w, num_stages=s)
+        opts = kvcache.Options(impl, D ** -0.5, band, num_splits=n)
         fn = jax.jit(lambda q, kc, vc, lens, table, row=row, opts=opts: kvcache.launches(
             run, target, opts, q, kc, vc, lens, None, None, table, rows={"decode": row})[0])
         r = measure("sweep", f"paged {page}" if page else "contiguous", fn, (q, k_cache, v_cache, lens, table),

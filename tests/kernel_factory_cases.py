@@ -4,6 +4,7 @@ functions, which do not compile). What is checked is what jaxlib is told: warp c
 
     python tests/kernel_factory_cases.py      -> "ok" per case, exit status 1 on the first failure
 """
+import dataclasses
 import os
 import sys
 import types
@@ -62,6 +63,11 @@ def fake_jax_triton(kernel_class, capability):
     sys.modules["jax_triton"] = module
 
 
+def _rows(rows, **change):
+    """The config rows with fields changed (the forced variants these cases plan with, through plan.Policy)."""
+    return tuple(dataclasses.replace(row, **change) for row in rows)
+
+
 def call(fn, backend, platform, dtypes, scalars, metaparams, num_warps=4, num_stages=2):
     return kf.get_or_create_triton_kernel(
         lambda device, cc: backend, platform, fn, dtypes, scalars, num_warps=num_warps, num_stages=num_stages,
@@ -94,8 +100,6 @@ def case_cuda_plain_and_warp_specialised():
 def case_cuda_gluon_forward():
     """The Gluon forward (kernels/fwd_sm90.py) as _launch.forward makes it for a call that takes it: compiled as
     Gluon (no Triton layout passes) with its three partitions (12 warps) and descriptor scratch."""
-    import dataclasses
-
     import jax.numpy as jnp
 
     from jax_flash_amd import _launch
@@ -121,7 +125,7 @@ def case_cuda_gluon_forward():
     assert name.startswith("attn_fwd_sm90") and warps == 12 and scratch > 0, kernel.args[:3] + kernel.args[7:]
     assert "setmaxnreg" in kernel.args[4], "the partitions' register split"
     assert not launch.constexprs["N_ROWS"], launch.constexprs  # causal 1 x 4096 x 16: unbalanced, one program per tile
-    # without a band: the persistent grid (_launch.gluon_programs)
+    # without a band: the persistent grid (plan.gluon_programs)
     launches.clear()
     _launch.forward(record, "sm90", q, q, q, statics=_launch.Statics(128 ** -0.5, Band.of(False, (-1, -1), 4096, 4096)))
     (persistent,) = launches
@@ -143,12 +147,12 @@ def case_cuda_gluon_forward():
     # and with dropout, where a row lets it take the kernel
     from jax_flash_amd.kernels import configs
     from jax_flash_amd.operands import Operands
+    from jax_flash_amd.plan import Policy
 
-    shipped, configs.SM90_GLUON_FWD = configs.SM90_GLUON_FWD, [dict(r, dropout=True) for r in configs.SM90_GLUON_FWD]
     launches.clear()
     _launch.forward(record, "sm90", q, q, q, Operands(seeds=jnp.zeros((1, 16, 2), jnp.int32)),
-                    statics=dataclasses.replace(statics, dropout_p=0.1))
-    configs.SM90_GLUON_FWD = shipped
+                    statics=dataclasses.replace(statics, dropout_p=0.1),
+                    policy=Policy(gluon_fwd=_rows(configs.SM90_GLUON_FWD, dropout=True)))
     (launch,) = launches
     assert kf.is_gluon(launch.kernel) and launch.constexprs["DROP_THRESHOLD"] > 0, launch.constexprs
     dtypes, scalars = _signature(launch)
@@ -156,14 +160,16 @@ def case_cuda_gluon_forward():
 
 
 def case_cuda_gluon_fp8_forward():
-    """The Gluon forward for fp8 inputs (kernels/fwd_sm90.py P8_LOG2) as _launch.forward makes it where its candidate
-    rows serve (from any length): V transposed by keys_last first (fwd.mma_order's order), a bfloat16 output; compiled
-    for sm90 at D 128 (causal, ragged, ALiBi and softcap; and without a band, the row's PINGPONG on) and D 64."""
+    """The Gluon forward for fp8 inputs (kernels/fwd_sm90.py P8_LOG2) as _launch.forward makes it where the rows the
+    tests force serve (the shipped tiled D 128 row from any length, SM90_GLUON_FWD_FP8_D64): V transposed by keys_last
+    first (fwd.mma_order's order), a bfloat16 output; compiled for sm90 at D 128 (causal, ragged, ALiBi and softcap;
+    and without a band, the row's PINGPONG on) and D 64."""
     import jax.numpy as jnp
 
     from jax_flash_amd import _launch
     from jax_flash_amd.kernels import configs
     from jax_flash_amd.operands import Operands
+    from jax_flash_amd.plan import Policy
     from jax_flash_amd.rules import Band
 
     launches = []
@@ -174,36 +180,34 @@ def case_cuda_gluon_fp8_forward():
 
     fake_jax_triton(KernelWithScratch, 90)
     cuda = CUDABackend(GPUTarget("cuda", 90, 32))
-    shipped, configs.SM90_GLUON_FWD_FP8 = configs.SM90_GLUON_FWD_FP8, configs.SM90_GLUON_FWD_FP8_CANDIDATES
-    try:
-        for d, variant in ((128, True), (128, False), (64, False)):
-            q = jnp.zeros((2, 301, 4, d), jnp.float8_e4m3fn)
-            descale = jnp.ones((2, 4), jnp.float32)
-            extras = Operands(q_descale=descale, k_descale=descale, v_descale=descale,
-                              slopes=jnp.zeros((2, 4), jnp.float32) if variant else None)
-            statics = _launch.Statics(d ** -0.5, Band.of(variant, (-1, -1), 301, 301), softcap=20.0 * variant)
-            launches.clear()
-            out, _ = _launch.forward(record, "sm90", q, q, q, extras, statics=statics)
-            assert [x.kernel.__name__ for x in launches] == ["keys_last", "attn_fwd_sm90"], launches
-            assert out.dtype == jnp.bfloat16 and launches[1].constexprs["P8_LOG2"] == 8, launches[1].constexprs
-            # PINGPONG for calls without a band only (_launch._forward_gluon); D 64's row has none
-            assert launches[0].constexprs["MMA_ORDER"] and launches[1].constexprs["PINGPONG"] == (d == 128
-                                                                                                 and not variant)
-            _compiles(launches[1], cuda, "attn_fwd_sm90")
-        # the persistent grid (whole blocks, each tile's descales): the shipped row, with PINGPONG, with CARRY
-        q = jnp.zeros((2, 512, 4, 128), jnp.float8_e4m3fn)
+    forced = Policy(gluon_fwd_fp8=(configs.SM90_GLUON_FWD_FP8[1].but("sm90/gluon-fwd-fp8/d128-any-length", min_seq=0),
+                                   configs.SM90_GLUON_FWD_FP8_D64))
+    for d, variant in ((128, True), (128, False), (64, False)):
+        q = jnp.zeros((2, 301, 4, d), jnp.float8_e4m3fn)
         descale = jnp.ones((2, 4), jnp.float32)
-        descales = Operands(q_descale=descale, k_descale=descale, v_descale=descale)
-        statics = _launch.Statics(128 ** -0.5, Band.of(False, (-1, -1), 512, 512))
-        for pingpong, carry in ((False, 0), (True, 0), (False, 1)):
-            configs.SM90_GLUON_FWD_FP8 = [dict(r, PINGPONG=pingpong, CARRY=carry) for r in shipped]
-            launches.clear()
-            _launch.forward(record, "sm90", q, q, q, descales, statics=statics)
-            made = launches[1].constexprs
-            assert made["N_ROWS"] == 8 and made["CARRY"] == carry and made["PINGPONG"] == pingpong, made
-            _compiles(launches[1], cuda, "attn_fwd_sm90")
-    finally:
-        configs.SM90_GLUON_FWD_FP8 = shipped
+        extras = Operands(q_descale=descale, k_descale=descale, v_descale=descale,
+                          slopes=jnp.zeros((2, 4), jnp.float32) if variant else None)
+        statics = _launch.Statics(d ** -0.5, Band.of(variant, (-1, -1), 301, 301), softcap=20.0 * variant)
+        launches.clear()
+        out, _ = _launch.forward(record, "sm90", q, q, q, extras, statics=statics, policy=forced)
+        assert [x.kernel.__name__ for x in launches] == ["keys_last", "attn_fwd_sm90"], launches
+        assert out.dtype == jnp.bfloat16 and launches[1].constexprs["P8_LOG2"] == 8, launches[1].constexprs
+        # PINGPONG for calls without a band only (plan.plan_forward); D 64's row has none
+        assert launches[0].constexprs["MMA_ORDER"] and launches[1].constexprs["PINGPONG"] == (d == 128
+                                                                                             and not variant)
+        _compiles(launches[1], cuda, "attn_fwd_sm90")
+    # the persistent grid (whole blocks, each tile's descales): the shipped row, with PINGPONG, with CARRY
+    q = jnp.zeros((2, 512, 4, 128), jnp.float8_e4m3fn)
+    descale = jnp.ones((2, 4), jnp.float32)
+    descales = Operands(q_descale=descale, k_descale=descale, v_descale=descale)
+    statics = _launch.Statics(128 ** -0.5, Band.of(False, (-1, -1), 512, 512))
+    for pingpong, carry in ((False, 0), (True, 0), (False, 1)):
+        policy = Policy(gluon_fwd_fp8=_rows(configs.SM90_GLUON_FWD_FP8, pingpong=pingpong, carry=bool(carry)))
+        launches.clear()
+        _launch.forward(record, "sm90", q, q, q, descales, statics=statics, policy=policy)
+        made = launches[1].constexprs
+        assert made["N_ROWS"] == 8 and made["CARRY"] == carry and made["PINGPONG"] == pingpong, made
+        _compiles(launches[1], cuda, "attn_fwd_sm90")
 
 
 def _signature(launch):
@@ -221,23 +225,17 @@ def _signature(launch):
 
 
 def case_cuda_gluon_dkdv():
-    """The Gluon dK/dV (kernels/bwd_sm90.py) as _launch.backward makes it where _launch.gluon_dkdv holds: 128-key
-    blocks, on the dS path at D 128 (its workspace in 128-key rows, what attn_bwd_dq_ds reads) and on seven products
-    at D 64; compiled as Gluon with its three partitions (12 warps) and descriptor scratch."""
-    from jax_flash_amd.kernels import configs
-
+    """The Gluon dK/dV (kernels/bwd_sm90.py) as _launch.backward makes it where plan.gluon_dkdv_row takes the call (the
+    rows from any length): 128-key blocks, on the dS path at D 128 (its workspace in 128-key rows, what attn_bwd_dq_ds
+    reads) and on seven products at D 64; compiled as Gluon with its three partitions (12 warps) and descriptor
+    scratch."""
     fake_jax_triton(KernelWithScratch, 90)
-    cuda = CUDABackend(GPUTarget("cuda", 90, 32))
-    shipped_dkdv = configs.SM90_GLUON_DKDV
-    configs.SM90_GLUON_DKDV = [dict(row, min_seq=0) for row in shipped_dkdv]
-    try:
-        _gluon_dkdv_launches(cuda)
-    finally:
-        configs.SM90_GLUON_DKDV = shipped_dkdv
+    _gluon_dkdv_launches(CUDABackend(GPUTarget("cuda", 90, 32)))
 
 
-def _backward_launches(d, statics, extras=None, shape=(2, 301, 4)):
-    """The launches _launch.backward makes for an sm90 (*shape, d) bf16 call (recorded, not run)."""
+def _backward_launches(d, statics, extras=None, shape=(2, 301, 4), policy=None):
+    """The launches _launch.backward makes for an sm90 (*shape, d) bf16 call planned with `policy` (recorded, not
+    run)."""
     import jax.numpy as jnp
 
     from jax_flash_amd import _launch
@@ -251,7 +249,7 @@ def _backward_launches(d, statics, extras=None, shape=(2, 301, 4)):
 
     q = jnp.zeros((*shape, d), jnp.bfloat16)
     lse = jnp.zeros((shape[0], shape[2], shape[1]), jnp.float32)
-    _launch.backward(record, "sm90", q, q, q, q, lse, q, lse, extras or Operands(), statics=statics)
+    _launch.backward(record, "sm90", q, q, q, q, lse, q, lse, extras or Operands(), statics=statics, policy=policy)
     return launches
 
 
@@ -263,21 +261,19 @@ def _compiles(launch, cuda, name):
 
 
 def _gluon_dkdv_launches(cuda):
-    import dataclasses
-
     import jax.numpy as jnp
     import numpy as np
 
-    from jax_flash_amd import rules
-
-    from jax_flash_amd import _launch
+    from jax_flash_amd import _launch, plan, rules
     from jax_flash_amd.kernels import configs
     from jax_flash_amd.operands import Operands
+    from jax_flash_amd.plan import Policy
     from jax_flash_amd.rules import Band
 
+    any_length = Policy(gluon_dkdv=_rows(configs.SM90_GLUON_DKDV, min_seq=0))
     for d, kernels in ((128, ["attn_bwd_dkdv_sm90", "attn_bwd_dq_ds"]), (64, ["attn_bwd_dq", "attn_bwd_dkdv_sm90"])):
         statics = _launch.Statics(d ** -0.5, Band.of(True, (-1, -1), 301, 301))
-        launches = _backward_launches(d, statics)
+        launches = _backward_launches(d, statics, policy=any_length)
         assert [one.kernel.__name__ for one in launches] == kernels, launches
         (launch,) = [one for one in launches if kf.is_gluon(one.kernel)]
         assert launch.grid == (3, 8) and launch.compile_options == {"num_warps": 4}, launch
@@ -285,12 +281,14 @@ def _gluon_dkdv_launches(cuda):
         params = _launch._params(launch.kernel)  # lse and delta padded to 16-byte rows, for their TMA tiles
         assert launch.args[params.index("lse_len")] == 304 and launch.args[params.index("Lse")].shape == (2, 4, 304)
         if d == 128:
-            assert launch.out_shapes[2].shape == _launch.ds_workspace(2, 4, 301, 301, 128, statics.band)
+            call = plan.Call("sm90", 2, 301, 301, 4, 4, 128, band=statics.band)
+            assert launch.out_shapes[2].shape == plan.ds_workspace(call, 128), launch.out_shapes
         _compiles(launch, cuda, "attn_bwd_dkdv_sm90")
-        if d == 128:  # and with dropout, where a row lets it take the kernel (the caller restores the rows)
-            configs.SM90_GLUON_DKDV = [dict(r, dropout=True) for r in configs.SM90_GLUON_DKDV]
+        if d == 128:  # and with dropout, where a row lets it take the kernel
             launches = _backward_launches(d, dataclasses.replace(statics, dropout_p=0.1),
-                                          Operands(seeds=jnp.zeros((2, 4, 2), jnp.int32)))
+                                          Operands(seeds=jnp.zeros((2, 4, 2), jnp.int32)),
+                                          policy=any_length.replace(gluon_dkdv=_rows(any_length.gluon_dkdv,
+                                                                                     dropout=True)))
             (launch,) = [one for one in launches if kf.is_gluon(one.kernel)]
             assert launch.constexprs["DROP_THRESHOLD"] > 0, launch.constexprs
             _compiles(launch, cuda, "attn_bwd_dkdv_sm90")
@@ -301,82 +299,45 @@ def _gluon_dkdv_launches(cuda):
 
 
 def case_cuda_gluon_dkdv_persistent():
-    """The Gluon dK/dV's persistent grid (kernels/bwd_sm90.py N_ROWS; a row with PERSISTENT ahead of the tiled one, no
-    row ships it) as _launch.backward makes it: about one program per SM where the call runs persistent, the tiled
-    grid where it cannot (ragged); compiled for sm90: 12 warps, scratch, two tiles' K and V within shared memory."""
+    """The Gluon dK/dV's persistent grid (kernels/bwd_sm90.py N_ROWS; a row made `persistent` ahead of the tiled one,
+    no row ships it) as _launch.backward makes it on 132 SMs: about one program per SM where the call runs persistent,
+    the tiled grid where it cannot (ragged); compiled for sm90: 12 warps, scratch, two tiles' K and V within shared
+    memory."""
     from jax_flash_amd import _launch
     from jax_flash_amd.kernels import configs
+    from jax_flash_amd.plan import Policy
     from jax_flash_amd.rules import Band
 
     fake_jax_triton(KernelWithScratch, 90)
     cuda = CUDABackend(GPUTarget("cuda", 90, 32))
-    shipped = configs.SM90_GLUON_DKDV, _launch.compute_units
-    configs.SM90_GLUON_DKDV = [dict(r, min_seq=0, PERSISTENT=1) for r in shipped[0]] + shipped[0]
-    _launch.compute_units = lambda target: 132
-    try:
-        shared = {}
-        for d, shape, window, grid in ((128, (4, 4096, 16), (-1, -1), (132, 1)),
-                                       (128, (4, 4000, 16), (-1, -1), (32, 64)),
-                                       (128, (1, 16384, 16), (1024, 0), (132, 1)),
-                                       (64, (4, 4096, 32), (-1, -1), (132, 1))):
-            statics = _launch.Statics(d ** -0.5, Band.of(True, window, shape[1], shape[1]))
-            (launch,) = [one for one in _backward_launches(d, statics, shape=shape) if kf.is_gluon(one.kernel)]
-            n_rows = launch.constexprs.get("N_ROWS", 0)
-            assert launch.grid == grid and n_rows == (shape[0] * shape[2] if grid[1] == 1 else 0), launch
-            dtypes, scalars = _signature(launch)
-            kernel, _ = call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs, num_warps=4)
-            assert kernel.args[1] == 12 and kernel.args[7] > 0 and kernel.args[3] <= 227 * 1024, kernel.args[:4]
-            shared[d, bool(n_rows)] = kernel.args[3]
-        # SPANS (kernels/bwd_sm90.py _consume_tile): narrow windows only, persistent and tiled
-        configs.SM90_GLUON_DKDV = [dict(r, min_seq=0, SPANS=True, PERSISTENT=p) for p in (1, 0) for r in shipped[0]]
-        for d, shape, window, spans in ((128, (1, 16384, 16), (1024, 0), True), (128, (2, 1000, 4), (100, 37), True),
-                                        (128, (1, 4096, 16), (-1, -1), False), (64, (4, 4096, 32), (256, 256), True)):
-            statics = _launch.Statics(d ** -0.5, Band.of(True, window, shape[1], shape[1]))
-            (launch,) = [one for one in _backward_launches(d, statics, shape=shape) if kf.is_gluon(one.kernel)]
-            assert launch.constexprs["SPANS"] == spans, launch.constexprs
-            _compiles(launch, cuda, "attn_bwd_dkdv_sm90")
-        # a second pair of K / V buffers: 64 KiB (the barriers' bytes differ too)
-        assert 64 * 1024 - 64 <= shared[128, True] - shared[128, False] <= 64 * 1024 + 64, shared
-    finally:
-        configs.SM90_GLUON_DKDV, _launch.compute_units = shipped
-
-
-def case_cuda_gluon_dq():
-    """The Gluon dQ of the seven-product path (kernels/bwd_sm90.py attn_bwd_dq_sm90) as _launch.backward makes it where
-    its candidate rows serve (none shipped: no faster), before the Gluon dK/dV, delta from XLA; compiled for sm90: D 64
-    causal, and D 128 (on seven products) with a window, ALiBi, softcap and dropout at once."""
-    from jax_flash_amd.kernels import configs
-
-    fake_jax_triton(KernelWithScratch, 90)
-    shipped = configs.SM90_GLUON_DQ, configs.SM90_GLUON_DKDV, configs.DS_WORKSPACE_BYTES, configs.NARROW_WINDOW
-    configs.SM90_GLUON_DQ = configs.SM90_GLUON_DQ_CANDIDATES
-    configs.SM90_GLUON_DKDV = [dict(row, min_seq=0, dropout=True) for row in configs.SM90_GLUON_DKDV]
-    configs.DS_WORKSPACE_BYTES = 0  # D 128 on seven products too
-    configs.NARROW_WINDOW = 0  # the window (100, 37) too
-    try:
-        _gluon_dq_launches(CUDABackend(GPUTarget("cuda", 90, 32)))
-    finally:
-        configs.SM90_GLUON_DQ, configs.SM90_GLUON_DKDV, configs.DS_WORKSPACE_BYTES, configs.NARROW_WINDOW = shipped
-
-
-def _gluon_dq_launches(cuda):
-    import jax.numpy as jnp
-
-    from jax_flash_amd import _launch
-    from jax_flash_amd.operands import Operands
-    from jax_flash_amd.rules import Band
-
-    for d, band, extras in ((64, (-1, -1), {}), (128, (100, 37), dict(slopes=jnp.zeros((2, 4), jnp.float32),
-                                                                       seeds=jnp.zeros((2, 4, 2), jnp.int32)))):
-        statics = _launch.Statics(d ** -0.5, Band.of(d == 64, band, 301, 301), softcap=20.0 if extras else 0.0,
-                                  dropout_p=0.1 if extras else 0.0)
-        launches = _backward_launches(d, statics, Operands(**extras))
-        assert [one.kernel.__name__ for one in launches] == ["attn_bwd_dq_sm90", "attn_bwd_dkdv_sm90"], launches
-        launch = launches[0]
-        assert launch.grid == (3, 8) and not launch.constexprs["KEYS_EVEN"], launch
-        if extras:
-            assert launch.constexprs["ALIBI"] and launch.constexprs["SOFTCAP"] and launch.constexprs["DROP_THRESHOLD"]
-        _compiles(launch, cuda, "attn_bwd_dq_sm90")
+    shipped = configs.SM90_GLUON_DKDV
+    policy = Policy(compute_units=132, gluon_dkdv=_rows(shipped, min_seq=0, persistent=1) + shipped)
+    shared = {}
+    for d, shape, window, grid in ((128, (4, 4096, 16), (-1, -1), (132, 1)),
+                                   (128, (4, 4000, 16), (-1, -1), (32, 64)),
+                                   (128, (1, 16384, 16), (1024, 0), (132, 1)),
+                                   (64, (4, 4096, 32), (-1, -1), (132, 1))):
+        statics = _launch.Statics(d ** -0.5, Band.of(True, window, shape[1], shape[1]))
+        launches = _backward_launches(d, statics, shape=shape, policy=policy)
+        (launch,) = [one for one in launches if kf.is_gluon(one.kernel)]
+        n_rows = launch.constexprs.get("N_ROWS", 0)
+        assert launch.grid == grid and n_rows == (shape[0] * shape[2] if grid[1] == 1 else 0), launch
+        dtypes, scalars = _signature(launch)
+        kernel, _ = call(launch.kernel, cuda, "cuda", dtypes, scalars, launch.constexprs, num_warps=4)
+        assert kernel.args[1] == 12 and kernel.args[7] > 0 and kernel.args[3] <= 227 * 1024, kernel.args[:4]
+        shared[d, bool(n_rows)] = kernel.args[3]
+    # SPANS (kernels/bwd_sm90.py _consume_tile): narrow windows only, persistent and tiled
+    policy = policy.replace(gluon_dkdv=tuple(dataclasses.replace(r, min_seq=0, spans=True, persistent=p)
+                                             for p in (1, 0) for r in shipped))
+    for d, shape, window, spans in ((128, (1, 16384, 16), (1024, 0), True), (128, (2, 1000, 4), (100, 37), True),
+                                    (128, (1, 4096, 16), (-1, -1), False), (64, (4, 4096, 32), (256, 256), True)):
+        statics = _launch.Statics(d ** -0.5, Band.of(True, window, shape[1], shape[1]))
+        launches = _backward_launches(d, statics, shape=shape, policy=policy)
+        (launch,) = [one for one in launches if kf.is_gluon(one.kernel)]
+        assert launch.constexprs["SPANS"] == spans, launch.constexprs
+        _compiles(launch, cuda, "attn_bwd_dkdv_sm90")
+    # a second pair of K / V buffers: 64 KiB (the barriers' bytes differ too)
+    assert 64 * 1024 - 64 <= shared[128, True] - shared[128, False] <= 64 * 1024 + 64, shared
 
 
 def case_amd_options_and_pointer_range():

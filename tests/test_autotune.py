@@ -1,53 +1,63 @@
-"""Config choice: the default rows (narrow windows, dropout and grouped heads have their own) and opt-in
+"""Config choice: the default rows (narrow windows, dropout and grouped heads have their own; plan.pick) and opt-in
 autotuning, which tunes once per coarse key, picks among the candidates, and stays exact."""
 import inspect
+import json
+import os
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import pytest
 
 import oracle
 from helpers import KERNEL_IMPLS, assert_close, inputs, run
-from jax_flash_amd import _config_choice as choice, autotune
+from jax_flash_amd import autotune, plan
 from jax_flash_amd.rules import Band
 from jax_flash_amd.kernels import configs
 
 
+def _call(target="cuda", head_dim=128, dtype=jnp.bfloat16, band=Band(), dropout=0.0, heads=16, kv_heads=16):
+    """A call of 1 x 4096 x heads on `target`, for plan.pick."""
+    return plan.Call(target, 1, 4096, 4096, heads, kv_heads, head_dim, jnp.dtype(dtype).name, band=band,
+                     dropout_p=dropout)
+
+
 def _narrow(causal, window):
-    return Band.of(causal, window, 1 << 20, 1 << 20).narrow(configs.NARROW_WINDOW)
+    return Band.of(causal, window, 1 << 20, 1 << 20).narrow(configs.LIMITS.narrow_window)
 
 
 def test_narrow_sliding_windows_take_their_rows():
     assert _narrow(True, (1024, -1)) and _narrow(False, (1000, 1000))
     assert not _narrow(True, (-1, -1))  # causal alone: the long loops of the plain rows
     assert not _narrow(False, (1024, -1))  # unbounded on the right
-    assert not _narrow(True, (configs.NARROW_WINDOW, 0))  # wider than NARROW_WINDOW keys
+    assert not _narrow(True, (configs.LIMITS.narrow_window, 0))  # wider than limits.narrow_window keys
+    window = Band.of(True, (1024, -1), 4096, 4096)
+    assert _call(band=window).kind == "window"
     for kernel in ("fwd", "dkdv", "dq"):
         rows = configs.TARGETS["cuda"][f"{kernel}+window"]
-        assert choice.pick_config("cuda", kernel, 128, jnp.bfloat16, kind="window")[0] == {
-            k: v for k, v in next(r for r in rows if r["max_block_d"] >= 128).items() if k.startswith("BLOCK_")}
-        assert choice.pick_config("gfx942", kernel, 128, jnp.bfloat16, kind="window") == \
-            choice.pick_config("gfx942", kernel, 128, jnp.bfloat16)  # no window rows there
+        assert plan.pick(_call(band=window), kernel) == next(r for r in rows if r.max_width >= 128)
+        assert plan.pick(_call("gfx942", band=window), kernel) == \
+            plan.pick(_call("gfx942"), kernel)  # no window rows there
 
 
 def test_row_kind_precedence():
     causal, window = Band(-1, 0), Band(256, 0)
-    assert choice.row_kind(Band(), 0.1) == "dropout" and choice.row_kind(causal) == ""
-    assert choice.row_kind(window, 0.1) == "window"
-    assert choice.row_kind(causal, 0.0, group=4) == "gqa"
-    assert choice.row_kind(causal, 0.1, group=4) == "dropout"  # dropout's rows win over gqa's
-    assert choice.row_kind(window, group=4, fp8_inputs=True) == "fp8"
-    fp8_row = choice.pick_config("cuda", "fwd", 128, jnp.float8_e4m3fn, kind="fp8")
-    assert fp8_row != choice.pick_config("cuda", "fwd", 128, jnp.bfloat16)
-    assert choice.pick_config("gfx950", "fwd", 128, jnp.float8_e4m3fn, kind="fp8") == choice.pick_config(
-        "gfx950", "fwd", 128, jnp.float8_e4m3fn)  # no fp8 rows there: the plain ones
-    gqa = next(r for r in configs.TARGETS["cuda"]["dkdv+gqa"] if r["max_block_d"] >= 128)
-    assert choice.pick_config("cuda", "dkdv", 128, jnp.bfloat16, kind="gqa")[1]["num_stages"] == gqa["num_stages"]
+    assert _call(dropout=0.1).kind == "dropout" and _call(band=causal).kind == ""
+    assert _call(band=window, dropout=0.1).kind == "window"
+    assert _call(band=causal, kv_heads=4).kind == "gqa"
+    assert _call(band=causal, dropout=0.1, kv_heads=4).kind == "dropout"  # dropout's rows win over gqa's
+    assert _call(band=window, kv_heads=4, dtype=jnp.float8_e4m3fn).kind == "fp8"
+    fp8_call = _call(dtype=jnp.float8_e4m3fn)
+    assert plan.pick(fp8_call, "fwd") != plan.pick(_call(), "fwd")
+    assert "fwd+fp8" not in configs.TARGETS["gfx950"]  # no fp8 rows there: the plain ones
+    assert plan.pick(_call("gfx950", dtype=jnp.float8_e4m3fn), "fwd") == next(
+        r for r in configs.TARGETS["gfx950"]["fwd"] if plan.fits(r, fp8_call.width, fp8_call.dtype))
+    gqa = next(r for r in configs.TARGETS["cuda"]["dkdv+gqa"] if r.max_width >= 128)
+    assert plan.pick(_call(kv_heads=4), "dkdv").num_stages == gqa.num_stages
     for kernel in ("dkdv", "dq"):
         rows = configs.TARGETS["cuda"][f"{kernel}+dropout"]
-        assert choice.pick_config("cuda", kernel, 128, jnp.bfloat16, kind="dropout")[0] == {
-            k: v for k, v in next(r for r in rows if r["max_block_d"] >= 128).items() if k.startswith("BLOCK_")}
-    assert choice.pick_config("cuda", "fwd", 128, jnp.bfloat16, kind="dropout") == \
-        choice.pick_config("cuda", "fwd", 128, jnp.bfloat16)  # no forward dropout rows
+        assert plan.pick(_call(dropout=0.1), kernel) == next(r for r in rows if r.max_width >= 128)
+    assert plan.pick(_call(dropout=0.1), "fwd") == plan.pick(_call(), "fwd")  # no forward dropout rows
 
 
 def test_wide_heads_split_dkdv():
@@ -63,11 +73,11 @@ def test_wide_heads_split_dkdv():
         dkdv = launches["dkdv"]
         assert dkdv.constexprs["SPLIT"] is split and dkdv.grid[2] == (2 if split else 1), (target, d, dtype)
         for launch in launches.values():
-            assert not {"max_block_d", "max_itemsize", "SPLIT"} & set(launch.compile_options)
-    assert choice.pick_config("cuda", "dq", 256, jnp.bfloat16)[0]["BLOCK_M"] == 128
-    assert choice.pick_config("cuda", "dq", 128, jnp.float32)[0]["BLOCK_M"] == 64
-    assert all(r.get("max_itemsize", 8) >= 4 for r in autotune.candidates("cuda", "dkdv", 128, jnp.float32))
-    assert any(r.get("SPLIT") for r in autotune.candidates("cuda", "dkdv", 256, jnp.bfloat16))
+            assert not {"max_width", "min_width", "max_itemsize", "SPLIT"} & set(launch.compile_options)
+    assert plan.pick(_call(head_dim=256), "dq").block_m == 128
+    assert plan.pick(_call(dtype=jnp.float32), "dq").block_m == 64
+    assert all(r.max_itemsize >= 4 for r in autotune.candidates("cuda", "dkdv", 128, jnp.float32))
+    assert any(r.split for r in autotune.candidates("cuda", "dkdv", 256, jnp.bfloat16))
 
 
 def test_buckets_are_coarse():
@@ -87,8 +97,8 @@ def test_candidates_are_few_and_cover_every_width():
 
 @pytest.fixture
 def tuning(monkeypatch):
-    """Autotuning on, an empty table, at most two candidates per kernel (each costs a Triton compile),
-    and a count of tunings."""
+    """Autotuning on, an empty table, and a count of tunings. (The interpreter's candidates are two per kernel; on a
+    GPU every candidate of the call's width is timed, each a Triton compile.)"""
     tuned = []
     original = autotune._tune
 
@@ -97,9 +107,6 @@ def tuning(monkeypatch):
         return original(run_, target, kernel, *args)
 
     monkeypatch.setattr(autotune, "_tune", counting)
-    small = {t: {k: [r for r in rows if r["max_block_d"] >= 128][-2:] + [r for r in rows if r["max_block_d"] < 128][:2]
-                 for k, rows in kernels.items()} for t, kernels in configs.CANDIDATES.items()}
-    monkeypatch.setattr(configs, "CANDIDATES", small)
     autotune.forget()
     with autotune.enabled():
         yield tuned
@@ -156,35 +163,54 @@ def test_tunes_on_the_calls_band(impl, tuning, monkeypatch):
     assert {key[4:6] for key in set(autotune.table()) - keys} == {("", (-1, 0))}
 
 
+# Which kernels autotuning tunes for an sm90 call (2 x 4096 x 16 x 128 bf16, causal), in a process of its own: whether
+# the kernels are compiled or interpreted is fixed when triton is first imported (TRITON_INTERPRET), and only compiled
+# ones may take the Gluon kernels. The tuning itself is faked: it takes the call's default row (plan.pick).
+_TUNED = """
+import json, sys
+import jax, jax.numpy as jnp
+from jax_flash_amd import _jax_triton_compat, _launch, autotune, plan
+from jax_flash_amd.operands import Operands
+from jax_flash_amd.rules import Band
+_jax_triton_compat.versions = lambda: {"jax-triton": (0, 3, 1), "triton": (3, 6, 0), "jax": (0, 11, 2)}
+tuned = []
+
+def fake(run_, target, kernel, q, k, statics, chosen):
+    tuned.append(kernel)
+    b, sq, h, d = q.shape
+    return plan.pick(plan.Call(target, b, sq, k.shape[1], h, k.shape[2], d, jnp.dtype(q.dtype).name), kernel)
+
+autotune._tune = fake
+q = jax.ShapeDtypeStruct((2, 4096, 16, 128), jnp.bfloat16)
+statics = _launch.Statics(128 ** -0.5, Band.of(True, (-1, -1), 4096, 4096))
+ids = jnp.zeros((2, 4096), jnp.int32)
+found = {"interpreted": plan.interpreted()}
+with autotune.enabled():
+    for name, extras in (("plain", Operands()), ("segments", Operands(q_segment_ids=ids, kv_segment_ids=ids))):
+        autotune.forget()
+        tuned.clear()
+        autotune.rows_for(None, "sm90", q, q, extras, statics, ("fwd", "dkdv", "dq", "dqds"))
+        found[name] = list(tuned)
+print(json.dumps(found))
+"""
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["interpreted", "compiled"])
-def test_tunes_the_dq_kernel_of_the_path_the_call_takes(compiled, monkeypatch):
+def test_tunes_the_dq_kernel_of_the_path_the_call_takes(compiled):
     """On sm90 (D 128, bf16) a plain backward takes the dS path ("dqds"); with segment ids dK/dV takes its
     pointer row and the seven products ("dq"): that is the dQ kernel tuned (no GPU: the tuning is faked). Compiled
     (jax-triton 0.3.x), a plain call's dK/dV and long forward are the Gluon kernels: not tuned."""
-    import jax
-    from jax_flash_amd import _jax_triton_compat, _launch
-    from jax_flash_amd.operands import Operands
-    monkeypatch.setattr(_launch, "interpreted", lambda: not compiled)
-    monkeypatch.setattr(_jax_triton_compat, "versions", lambda: {"jax-triton": (0, 3, 1), "triton": (3, 6, 0),
-                                                                 "jax": (0, 11, 2)})
-    tuned = []
-
-    def fake(run_, target, kernel, q, k, statics, chosen):
-        tuned.append(kernel)
-        blocks, options = choice.pick_config(target, kernel, q.shape[3], q.dtype)
-        return {**blocks, **options}
-
-    monkeypatch.setattr(autotune, "_tune", fake)
-    q = jax.ShapeDtypeStruct((2, 4096, 16, 128), jnp.bfloat16)
-    statics = _launch.Statics(128 ** -0.5, Band.of(True, (-1, -1), 4096, 4096))
-    ids = jnp.zeros((2, 4096), jnp.int32)
-    with autotune.enabled():
-        for extras, dq in ((Operands(), "dqds"), (Operands(q_segment_ids=ids, kv_segment_ids=ids), "dq")):
-            autotune.forget()
-            tuned.clear()
-            autotune.rows_for(None, "sm90", q, q, statics, ("fwd", "dkdv", "dq", "dqds"), extras)
-            gluon = compiled and extras.q_segment_ids is None
-            assert tuned == ([] if gluon else ["fwd", "dkdv"]) + [dq], tuned
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(JAX_PLATFORMS="cpu", **({} if compiled else {"TRITON_INTERPRET": "1"}))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))  # the package beside the tests
+    proc = subprocess.run([sys.executable, "-c", _TUNED], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["interpreted"] == (not compiled), found
+    assert found["plain"] == ([] if compiled else ["fwd", "dkdv"]) + ["dqds"], found
+    assert found["segments"] == ["fwd", "dkdv", "dq"], found
 
 
 def test_every_target_keyed_table_knows_every_target():

@@ -42,7 +42,7 @@ def test_kernel_factory_tells_jaxlib_warps_scratch_and_pointer_range():
     assert run.returncode == 0, run.stdout + run.stderr
     with open(os.path.join(root, "tests", "kernel_factory_cases.py")) as f:
         cases = sum(line.startswith("def case_") for line in f)
-    assert cases >= 8 and run.stdout.count("ok ") == cases, run.stdout
+    assert cases >= 7 and run.stdout.count("ok ") == cases, run.stdout  # 7 since the Gluon dQ's case went
 
 
 @pytest.mark.parametrize("jt,tr,jx,match", [

@@ -12,7 +12,7 @@ from flax import nnx
 import jax_flash_amd
 import oracle
 from helpers import KERNEL_IMPLS, ON_GPU, assert_close
-from jax_flash_amd import kvcache
+from jax_flash_amd import plan
 
 IMPLS = KERNEL_IMPLS + ["xla"]
 
@@ -244,14 +244,15 @@ def test_splits_agree(impl):
 
 
 def test_split_rule():
-    """From batch x heads_kv and the compute units: fill the GPU, within the limits of the rule's data."""
+    """From batch x heads_kv and the compute units: fill the GPU, within the limits of the rule's data
+    (plan.decode_splits: target, programs, keys a row holds, key block, compute units)."""
     rule = jax_flash_amd.kernels.configs.DECODE_SPLITS["cuda"]
-    assert kvcache.num_splits("cuda", 64, 32768, 64, cus=132) == 132 * rule["programs_per_cu"] // 64
-    assert kvcache.num_splits("cuda", 8, 131072, 64, cus=132) == min(rule["max_splits"],
-                                                                     132 * rule["programs_per_cu"] // 8)
-    assert kvcache.num_splits("cuda", 1024, 32768, 64, cus=132) == 1  # enough programs already
-    assert kvcache.num_splits("cuda", 1, 256, 64, cus=132) == 1  # too few keys to split
-    assert kvcache.num_splits("gfx942", 64, 32768, 32, cus=304) == 304 * 8 // 64
+    assert plan.decode_splits("cuda", 64, 32768, 64, 132) == 132 * rule["programs_per_cu"] // 64
+    assert plan.decode_splits("cuda", 8, 131072, 64, 132) == min(rule["max_splits"],
+                                                                 132 * rule["programs_per_cu"] // 8)
+    assert plan.decode_splits("cuda", 1024, 32768, 64, 132) == 1  # enough programs already
+    assert plan.decode_splits("cuda", 1, 256, 64, 132) == 1  # too few keys to split
+    assert plan.decode_splits("gfx942", 64, 32768, 32, 304) == 304 * 8 // 64
 
 
 @pytest.mark.parametrize("impl", IMPLS)
