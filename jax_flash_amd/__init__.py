@@ -7,13 +7,15 @@
     out, k_cache, v_cache = jax_flash_amd.attention_with_kvcache(q, k_cache, v_cache, lens, k=k, v=v)  # decode
 """
 from jax_flash_amd.api import attention, explain, flash_attn_func
+from jax_flash_amd._jax_nn import dot_product_attention
 from jax_flash_amd.attention_fn import flash_attention_fn
 from jax_flash_amd import autotune, plan, reference
 from jax_flash_amd.fp8 import quantize_fp8
 from jax_flash_amd.kvcache import attention_with_kvcache
 from jax_flash_amd.ring import ring_attention, unzigzag, zigzag
 
-__all__ = ["FlashSelfAttention", "attention", "attention_with_kvcache", "autotune", "explain", "flash_attention_fn",
+__all__ = ["FlashSelfAttention", "attention", "attention_with_kvcache", "autotune", "dot_product_attention", "explain",
+           "flash_attention_fn",
            "flash_attn_func", "nnx", "plan", "quantize_fp8", "reference", "ring_attention", "unzigzag", "zigzag"]
 __version__ = "0.1.0"
 

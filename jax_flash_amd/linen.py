@@ -72,8 +72,9 @@ class FlashSelfAttention(nn.Module):
     sow_weights=False)``, plus ``segment_ids`` / ``kv_segment_ids``: inputs (batch..., length, features);
     inputs_k / inputs_v give cross-attention (default: inputs_q); segment_ids (batch..., q_length) integer
     ids restrict attention to equal ids (packed sequences), kv_segment_ids (default: segment_ids) those of
-    the keys. A dense ``mask`` or ``sow_weights=True`` runs on Flax's attention (O(N^2) memory) with a
-    one-time warning, as ``flash_attention_fn`` does. Dropout (``dropout_rate`` > 0, not deterministic)
+    the keys. A dense ``mask`` (batch..., heads | 1, q_length, kv_length) runs in the kernels, read tile by
+    tile, as ``flash_attention_fn`` takes it; ``sow_weights=True`` runs on Flax's attention (O(N^2) memory)
+    with a one-time warning. Dropout (``dropout_rate`` > 0, not deterministic)
     takes ``dropout_rng`` or the module's 'dropout' rng stream and runs inside the kernels (no dense mask);
     masks are independent per batch element and head, so ``broadcast_dropout`` must stay False.
     ``decode=True`` keeps Flax's autoregressive cache (same variables) and attends to it with

@@ -18,8 +18,9 @@ class FlashSelfAttention(nnx.MultiHeadAttention):
     deterministic=None, rngs=None, sow_weights=False, decode=None, is_causal=False, out_sharding=None,
     qkv_sharding=None)``, plus ``segment_ids`` / ``kv_segment_ids`` (batch..., length) integer ids for
     packed sequences (kv_segment_ids defaults to segment_ids). ``is_causal`` or the constructor's
-    ``causal`` turns on the causal mask (bottom-right aligned, in the kernels). A dense ``mask`` or
-    ``sow_weights=True`` runs on Flax's attention (O(N^2) memory) with a one-time warning. Dropout takes
+    ``causal`` turns on the causal mask (bottom-right aligned, in the kernels). A dense ``mask`` runs in the
+    kernels, read tile by tile; ``sow_weights=True`` runs on Flax's attention (O(N^2) memory) with a one-time
+    warning. Dropout takes
     its key from ``rngs`` or the module's own dropout stream and runs inside the kernels; masks are
     independent per batch element and head (``broadcast_dropout`` must be False). ``decode=True`` uses the
     cache of ``init_cache`` as Flax does, attending to it with ``attention_with_kvcache`` (the split-KV
