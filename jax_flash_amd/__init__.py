@@ -31,3 +31,8 @@ def __getattr__(name):
         return importlib.import_module("jax_flash_amd.nnx")
     raise AttributeError(f"module 'jax_flash_amd' has no attribute {name!r}")
 
+
+def __dir__():
+    # with the names __getattr__ imports on first use (FlashSelfAttention, nnx), so dir() and completion show
+    # the whole public API
+    return sorted(set(globals()) | set(__all__))

@@ -283,3 +283,9 @@ def test_errors(args, kwargs, exc, match):
 def test_exported():
     assert "flash_attn_with_kvcache" in jax_flash_amd.__all__
     assert jax_flash_amd.flash_attn_with_kvcache is jax_flash_amd.compat.flash_attn_with_kvcache
+
+
+def test_dir_lists_the_whole_public_api():
+    """dir() shows __all__, the names imported on first use (FlashSelfAttention, nnx) included."""
+    assert {"FlashSelfAttention", "nnx", "flash_attn_with_kvcache", "plan", "explain"} <= set(dir(jax_flash_amd))
+    assert set(jax_flash_amd.__all__) <= set(dir(jax_flash_amd))
