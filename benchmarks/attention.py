@@ -261,21 +261,27 @@ def write_reports(rows: list[dict], json_path: str, title: str) -> None:
     plot(rows, base + ".png", title)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.attention", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--impls", default=",".join(IMPLS))
-    ap.add_argument("--n", default="512,1024,2048,4096,8192,16384")
-    ap.add_argument("--d", default="64,128,256")
-    ap.add_argument("--causal", choices=("no", "yes", "both"), default="both")
-    ap.add_argument("--dtypes", default="bfloat16,float16")
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.attention", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--impls", default=",".join(IMPLS), help="comma-separated attention implementations to time")
+    ap.add_argument("--n", default="512,1024,2048,4096,8192,16384", help="comma-separated sequence lengths")
+    ap.add_argument("--d", default="64,128,256", help="comma-separated head dims")
+    ap.add_argument("--causal", choices=("no", "yes", "both"), default="both",
+                    help="time non-causal attention, causal, or both")
+    ap.add_argument("--dtypes", default="bfloat16,float16", help="comma-separated input dtypes")
     ap.add_argument("--long", choices=("yes", "no", "only"), default="yes",
                     help="the long-context case (N 131072): with the others, not at all, or alone")
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<gpu>.json)")
+    ap.add_argument("--out", default=None, help="JSON path (None: benchmarks/results/<gpu>.json)")
     ap.add_argument("--append", action="store_true",
                     help="keep the rows already in --out and measure only what they lack or failed on (resume a "
                          "cut-short run)")
     ap.add_argument("--plot-only", metavar="JSON", help="only redraw the markdown table and plot of a JSON file")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
 
     if args.plot_only:
         with open(args.plot_only) as fh:

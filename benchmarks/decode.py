@@ -290,15 +290,21 @@ def markdown(rows: list[dict], env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.decode", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default=",".join(f"{b}x{t}" for b, t in SHAPES), help="batch x cache length, ...")
-    ap.add_argument("--impls", default=",".join(IMPLS))
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.decode", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--shapes", default=",".join(f"{b}x{t}" for b, t in SHAPES),
+                    help="comma-separated BATCHxCACHE_LENGTH shapes")
+    ap.add_argument("--impls", default=",".join(IMPLS), help="comma-separated decode implementations to time")
     ap.add_argument("--sweep", action="store_true", help="also time other decode configs and split counts of ours")
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<gpu>_decode.json)")
+    ap.add_argument("--out", default=None, help="JSON path (None: benchmarks/results/<gpu>_decode.json)")
     ap.add_argument("--implementation", default="triton", help="what jax_flash_amd runs (interpret: a CPU smoke run)")
-    ap.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy-bandwidth array")
-    args = ap.parse_args(argv)
+    ap.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy-bandwidth array, GiB")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     from benchmarks.attention import gpu_slug
 
     names = args.impls.split(",")

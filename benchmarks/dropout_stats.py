@@ -80,13 +80,18 @@ def battery(n: int, seeds: int, seed: int = 0) -> dict:
     return {k: sum(r[k] for r in runs) / np.sqrt(seeds) for k in runs[0]}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.dropout_stats", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=4096)
-    ap.add_argument("--seeds", type=int, default=16)
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.dropout_stats", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--n", type=int, default=4096, help="side of the square of bytes tested per seed")
+    ap.add_argument("--seeds", type=int, default=16, help="seeds whose z-scores are combined")
     ap.add_argument("--seed", type=int, default=0, help="of the seeds drawn")
-    ap.add_argument("--json", metavar="PATH")
-    args = ap.parse_args(argv)
+    ap.add_argument("--json", metavar="PATH", help="also write the z-scores as JSON")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     z = battery(args.n, args.seeds, args.seed)
     for k, v in z.items():
         print(f"{k:>14} {v:+.2f}")

@@ -78,14 +78,20 @@ def markdown(rows, longest_rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpt", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seq-lens", default="1024,4096,8192", help="throughput runs, TOKENS tokens per step")
-    ap.add_argument("--steps", type=int, default=12)
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpt", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--seq-lens", default="1024,4096,8192",
+                    help=f"comma-separated sequence lengths of the throughput runs, {TOKENS} tokens per step")
+    ap.add_argument("--steps", type=int, default=12, help="training steps per run")
     ap.add_argument("--try-xla", default="8192,16384,32768", help="batch-1 lengths to try with xla, in order")
     ap.add_argument("--try-flash", default="32768,65536,131072", help="the same with flash")
     ap.add_argument("--append", action="store_true", help="merge with the rows already in the results file")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     base = os.path.join(ROOT, "benchmarks", "results", f"{gpu_slug()}_gpt")
     result = dict(throughput=[], longest={}, attempts=[])
     if args.append and os.path.exists(base + ".json"):

@@ -16,14 +16,20 @@ import jax.numpy as jnp
 import jax_flash_amd
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=4096)
-    ap.add_argument("--d", type=int, default=128)
-    ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--peers", default="cudnn")
-    ap.add_argument("--fp8", action="store_true")
-    args = ap.parse_args()
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.profile_kernels", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--n", type=int, default=4096, help="sequence length (batch 16384 / n, 2048 / d heads)")
+    ap.add_argument("--d", type=int, default=128, help="head dim")
+    ap.add_argument("--causal", action="store_true", help="causal attention")
+    ap.add_argument("--peers", default="cudnn", help="also run these (cudnn: jax.nn.dot_product_attention's)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="instead, one bf16 and one float8_e4m3fn forward of jax_flash_amd")
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     b, h = max(1, 16384 // args.n), 2048 // args.d
     keys = jax.random.split(jax.random.key(0), 4)
     q, k, v, do = (jax.random.normal(kk, (b, args.n, h, args.d), jnp.bfloat16) for kk in keys)

@@ -16,12 +16,17 @@ import jax_flash_amd
 from jax_flash_amd.timing import median_seconds
 
 
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.ring", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--n", type=int, default=16384, help="sequence length")
+    ap.add_argument("--heads", type=int, default=16, help="attention heads")
+    ap.add_argument("--d", type=int, default=128, help="head dim")
+    return ap
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.ring", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=16384)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--d", type=int, default=128)
-    args = ap.parse_args(argv)
+    args = parser().parse_args(argv)
     mesh = jax.make_mesh((1,), ("seq",), axis_types=(jax.sharding.AxisType.Auto,))
     spec = P(None, "seq")
     ks = jax.random.split(jax.random.key(0), 4)

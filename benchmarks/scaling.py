@@ -48,10 +48,16 @@ def heads_sharded(devices: int, b: int = 4, n: int = 4096, heads_per_device: int
                 one_gpu_ms=round(median_seconds(f, *one) * 1e3, 3))
 
 
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--devices", type=int, default=2, help="GPUs of the data-parallel run and of the heads sharding")
+    ap.add_argument("--steps", type=int, default=20, help="training steps per run")
+    return ap
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--devices", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=20)
+    ap = parser()
     args = ap.parse_args(argv)
     n = args.devices
     if jax.device_count() < n:

@@ -119,10 +119,15 @@ def markdown(rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.variants", description=__doc__.split("\n\n")[0])
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.variants", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--only", default="", help="run only the cases whose name contains this")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     env = dict(gpu=jax.devices()[0].device_kind, jax=jax.__version__, date=time.strftime("%Y-%m-%d"))
     base = os.path.join(os.path.dirname(__file__), "results", gpu_slug() + "_variants")
     rows = []

@@ -190,19 +190,20 @@ def parser() -> argparse.ArgumentParser:
                     help="what flash decoding runs (see above)")
     ap.add_argument("--steps", type=int, default=150, help="training steps before sampling (0: random weights)")
     ap.add_argument("--seq-len", type=int, default=128, help="training sequence length")
-    ap.add_argument("--train-batch", type=int, default=8)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--train-batch", type=int, default=8, help="sequences per training step")
+    ap.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    ap.add_argument("--d-model", type=int, default=128, help="model width")
+    ap.add_argument("--heads", type=int, default=4, help="attention heads (head dim = d-model / heads)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="compute dtype of the model")
+    ap.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW, warmup + cosine decay)")
     ap.add_argument("--batch", type=int, default=2, help="sequences sampled at once")
     ap.add_argument("--prompt", default="def ", help="prompt text (bytes)")
     ap.add_argument("--tokens", type=int, default=96, help="bytes to generate per sequence")
     ap.add_argument("--cache-len", type=int, default=256, help="KV-cache length (also the position table's)")
     ap.add_argument("--temperature", type=float, default=0.8,
                     help="sampling temperature (both decoders draw with the same keys); 0: greedy")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the weights, the data order and sampling")
     ap.add_argument("--json", help="append a summary line (JSON) to this file")
     return ap
 

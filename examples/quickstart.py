@@ -162,9 +162,12 @@ def on_cpu(args) -> bool:
     return ok
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=type(
-        "Formatter", (argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter), {}))
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=_Formatter)
     ap.add_argument("--batch", type=int, default=4 if ON_GPU else 1, help="batch of the timed problem")
     ap.add_argument("--seq", type=int, default=4096 if ON_GPU else 1024, help="sequence length of the timed problem")
     ap.add_argument("--heads", type=int, default=16 if ON_GPU else 8, help="heads of the timed problem")
@@ -172,7 +175,11 @@ def main():
     ap.add_argument("--causal", action="store_true", help="causal attention in the timed problem")
     ap.add_argument("--check-seq", type=int, default=100,
                     help="CPU only: sequence length of the interpreter check (its time grows as its square)")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     ok = on_gpu(args) if ON_GPU else on_cpu(args)
     say(f"{'OK' if ok else 'MISMATCH'} ({'; '.join(NOTE + [f'{time.perf_counter() - T0:.0f} s'])})")
     return 0 if ok else 1

@@ -409,17 +409,24 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jax_flash_amd.amd_report", description=__doc__.split("\n\n")[0])
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m jax_flash_amd.amd_report", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--arch", default=",".join(AMD_ARCHS),
                     help=f"comma-separated, from {', '.join(LOCAL_MEMORY)} (sm90: NVIDIA Hopper, registers from ptxas)")
-    ap.add_argument("--head-dims", default="64,128,256")
-    ap.add_argument("--dtypes", default="float16,bfloat16")
+    ap.add_argument("--head-dims", default="64,128,256", help="comma-separated head dims to compile the kernels for")
+    ap.add_argument("--dtypes", default="float16,bfloat16", help="comma-separated input dtypes")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 if any default config spills, overflows LDS, gives the gfx942 forward (D <= 128) "
                          "occupancy < 2, or (AMD) does duplicated MFMA / exp work or global loads in its loop")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="compile in this many processes, one per CPU by default")
     ap.add_argument("--json", metavar="PATH", help="also write the rows (and their problems) as JSON")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         ap.error("unset TRITON_INTERPRET: the report compiles the kernels")

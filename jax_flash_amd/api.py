@@ -405,22 +405,3 @@ def _check_scale(softmax_scale, head_dim: int) -> float:
         raise ValueError(f"softmax_scale must be a normal float32 number within [{_F32_TINY:.3g}, "
                          f"{_F32_MAX / 2:.3g}] (the kernels scale logits in float32); got {softmax_scale}")
     return scale
-
-
-def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
-                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
-                    deterministic: bool = False, return_attn_probs: bool = False, *, dropout_rng=None):
-    """FlashAttention's ``flash_attn_func`` (flash_attn 2.x argument names and order) over ``attention``,
-    for code moving over from PyTorch. q (batch, seq_q, heads_q, head_dim), k/v (batch, seq_k,
-    heads_kv, head_dim) as there. Differences: dropout needs ``dropout_rng`` (JAX has no global random
-    state); ``deterministic`` is accepted and changes nothing, because this backward is always
-    deterministic (no atomics); ``return_attn_probs=True`` raises NotImplementedError (the kernels never
-    form the probability matrix; use jax_flash_amd.reference.attention to inspect it)."""
-    _check_flag("deterministic", deterministic)
-    _check_flag("return_attn_probs", return_attn_probs)
-    if return_attn_probs:
-        raise NotImplementedError("flash_attn_func(return_attn_probs=True) is not supported: the kernels never "
-                                  "form the attention probabilities. Call it with return_attn_probs=False, or use "
-                                  "jax_flash_amd.attention(..., return_lse=True) for the logsumexp.")
-    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
-                     alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_rng=dropout_rng)

@@ -10,7 +10,7 @@ import warnings
 import jax.numpy as jnp
 
 from jax_flash_amd import reference
-from jax_flash_amd._jax_nn import _mean_where_unseen
+from jax_flash_amd.compat import _mean_where_unseen
 from jax_flash_amd.api import attention
 
 

@@ -22,7 +22,6 @@ from jax_flash_amd.rules import Band
 
 _DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32)
 _HIGHEST = jax.lax.Precision.HIGHEST
-MIN_PAGE = plan.MIN_PAGE
 LN2 = 0.6931471805599453
 NO_GRADIENT = ("jax_flash_amd.attention_with_kvcache is forward only (inference): it has no derivative. "
                "Differentiate jax_flash_amd.attention for training.")
@@ -32,7 +31,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
                            causal: bool = True, softmax_scale: float | None = None,
                            window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
                            k_descale=None, v_descale=None, return_lse: bool = False, num_splits: int = 0,
-                           implementation: str | None = None):
+                           cache_leftpad=None, implementation: str | None = None):
     """Attention of new queries against a key/value cache, with FlashAttention's semantics
     (flash_attn_with_kvcache): decoding (seq_q 1), speculative decoding or chunked prefill (seq_q > 1).
 
@@ -40,8 +39,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
       q: (batch, seq_q, heads_q, head_dim) float16, bfloat16 or float32; seq_q >= 1.
       k_cache, v_cache: the cache, q's dtype, or a float8 type with k_descale / v_descale. Contiguous:
         (batch, capacity, heads_kv, head_dim). Paged (with block_table): (num_pages, page_size, heads_kv,
-        head_dim); the kernels need page_size a multiple of 16. heads_q a multiple of heads_kv
-        (grouped-query / multi-query attention).
+        head_dim), page_size a multiple of 16 (plan.check_page_size: the kernels' rule, applied to every
+        implementation). heads_q a multiple of heads_kv (grouped-query / multi-query attention).
       cache_seqlens: (batch,) integer array (or one int for every row): the keys already in each row's
         cache (0 allowed). Row b attends to keys 0 .. cache_seqlens[b] + seq_new - 1; a row with none
         gets output 0 (lse -inf).
@@ -64,6 +63,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
       return_lse: also return the logsumexp (batch, heads_q, seq_q) float32, natural log.
       num_splits: key splits of the split-KV kernel (0: chosen from batch x heads_kv and the GPU's
         SM / CU count, kernels/configs.py DECODE_SPLITS). Ignored by "xla".
+      cache_leftpad: optional (batch,) integer array, FlashAttention's cache_leftpad: row b's keys begin at
+        cache_leftpad[b] (in [0, cache_seqlens[b]]); keys before it are neither attended nor read (they may
+        hold anything), and the kernels skip their blocks. Positions stay those of the cache: cache_seqlens
+        still counts from 0, new keys go to cache_seqlens[b] .., and causal, window and ALiBi are aligned
+        against L as above; row b attends to keys cache_leftpad[b] .. L - 1.
       implementation: "triton", "interpret" or "xla", as in jax_flash_amd.attention (None: the default).
 
     Returns:
@@ -71,11 +75,12 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
       k_cache and v_cache: `out`, `(out, lse)`, `(out, k_cache, v_cache)` or `(out, lse, k_cache, v_cache)`.
 
     Checks: shapes, dtypes and options are checked (ValueError / TypeError naming the argument). Where
-    cache_seqlens and block_table are concrete (not traced), they are checked too: cache_seqlens in
-    [0, capacity - seq_new] (capacity: the cache's length, or max_pages * page_size), the block-table
-    entries a row uses in [0, num_pages). Traced values cannot be checked; then a write past a row's
-    capacity or to a page outside the cache is dropped, reads are clamped into the cache, and the output
-    of such a row is undefined, but nothing outside the row's own pages is ever written.
+    cache_seqlens, cache_leftpad and block_table are concrete (not traced), they are checked too:
+    cache_seqlens in [0, capacity - seq_new] (capacity: the cache's length, or max_pages * page_size),
+    cache_leftpad in [0, cache_seqlens], the block-table entries a row uses in [0, num_pages). Traced values
+    cannot be checked; then a write past a row's capacity or to a page outside the cache is dropped, reads
+    are clamped into the cache (cache_leftpad into [0, the row's length]), and the output of such a row is
+    undefined, but nothing outside the row's own pages is ever written.
     Not differentiable: jax.grad raises TypeError.
     """
     _check_flag("causal", causal)
@@ -88,6 +93,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     batch, seq_q, heads, head_dim = q.shape
     descales = _check_descales(k_cache, k_descale, v_descale, batch)
     paged = block_table is not None
+    if paged:  # before choosing the implementation: every one refuses the same page sizes
+        plan.check_page_size(k_cache.shape[1])
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     seq_new = 0 if k is None else k.shape[1]
     cache_seqlens = _check_seqlens(cache_seqlens, batch, capacity, seq_new)
@@ -96,13 +103,15 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     impl = _dispatch.choose_implementation(implementation)
     if descales and impl != "xla":
         fp8.check_supported(_dispatch.backend(impl)[1], k_cache.dtype)
+    leftpad = _check_leftpad(cache_leftpad, batch, cache_seqlens)
     if paged:
         _check_block_table(block_table, cache_seqlens, seq_new, k_cache.shape[0], k_cache.shape[1])
     if impl != "xla":
-        _check_kernel_limits(q, k_cache, paged)
+        _check_kernel_limits(q, k_cache)
     opts = Options(impl, scale, Band.of(causal, window, seq_q, max(capacity, 1)), softcap, num_splits, plan.active())
     extras = Operands(slopes=slopes, **descales)
-    out, lse, k_cache, v_cache = _forward_only(opts)(q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras)
+    out, lse, k_cache, v_cache = _forward_only(opts)(q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras,
+                                                     leftpad)
     result = (out, lse) if return_lse else (out,)
     if k is not None:
         result += (k_cache, v_cache)
@@ -241,6 +250,24 @@ def _check_seqlens(cache_seqlens, batch: int, capacity: int, seq_new: int):
     return jnp.asarray(cache_seqlens).astype(jnp.int32)
 
 
+def _check_leftpad(cache_leftpad, batch: int, cache_seqlens):
+    """cache_leftpad as (batch,) int32 (None: every row starts at key 0), checked against cache_seqlens where both
+    are concrete."""
+    if cache_leftpad is None:
+        return None
+    if not _is_array(cache_leftpad) or not jnp.issubdtype(cache_leftpad.dtype, jnp.integer):
+        raise TypeError(f"cache_leftpad must be an integer array (batch,); got "
+                        f"{getattr(cache_leftpad, 'dtype', type(cache_leftpad).__name__)}")
+    if tuple(cache_leftpad.shape) != (batch,):
+        raise ValueError(f"cache_leftpad must have shape (batch,) = ({batch},); got {tuple(cache_leftpad.shape)}")
+    known, lengths = _concrete(cache_leftpad), _concrete(cache_seqlens)
+    if known is not None and (known.min() < 0 or lengths is not None and (known > lengths).any()):
+        raise ValueError(f"cache_leftpad must be in [0, cache_seqlens] (row b's cached keys are cache_leftpad[b] .. "
+                         f"cache_seqlens[b] - 1); got cache_leftpad {known.tolist()}"
+                         + ("" if lengths is None else f" with cache_seqlens {lengths.tolist()}"))
+    return jnp.asarray(cache_leftpad).astype(jnp.int32)
+
+
 def _check_block_table(block_table, cache_seqlens, seq_new: int, num_pages: int, page_size: int) -> None:
     table, lengths = _concrete(block_table), _concrete(cache_seqlens)
     if table is None:
@@ -256,11 +283,7 @@ def _check_block_table(block_table, cache_seqlens, seq_new: int, num_pages: int,
                          f"(k_cache.shape[0]); every page a row uses must be in the cache")
 
 
-def _check_kernel_limits(q, k_cache, paged: bool) -> None:
-    if paged and k_cache.shape[1] % MIN_PAGE:
-        raise ValueError(f"page_size (k_cache.shape[1] = {k_cache.shape[1]}) must be a multiple of {MIN_PAGE} for the "
-                         f"kernels (their key block is a power of two >= {MIN_PAGE} dividing the page); use "
-                         f"implementation='xla' for other page sizes")
+def _check_kernel_limits(q, k_cache) -> None:
     # within one batch row (or page), offsets are 32-bit
     for name, n in (("q", q.shape[1] * q.shape[2] * q.shape[3]),
                     ("k_cache", k_cache.shape[1] * k_cache.shape[2] * k_cache.shape[3])):
@@ -288,6 +311,12 @@ def _lengths(cache_seqlens, seq_new: int, capacity: int):
     out-of-range cache_seqlens, which cannot be checked, needs the clamp)."""
     start = jnp.clip(cache_seqlens, 0, capacity)
     return start, jnp.minimum(start + seq_new, capacity)
+
+
+def _first_keys(leftpad, lengths):
+    """Each row's first attended key (cache_leftpad), clamped into [0, lengths] as _lengths clamps (None: none
+    given)."""
+    return None if leftpad is None else jnp.clip(leftpad, 0, lengths)
 
 
 def _offsets(band: Band, seq_q: int, lengths):
@@ -326,7 +355,7 @@ def _rows(cache, block_table):
     return pages.reshape(block_table.shape[0], -1, *cache.shape[2:])
 
 
-def _xla(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras: Operands):
+def _xla(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras: Operands, leftpad=None):
     """The pure-JAX reference: (out, lse, k_cache, v_cache); the kernels' numerics (logits in float32
     from dots of the input dtype, P rounded to it before the PV dot, float32 accumulation; float8 caches
     widened to q's type, logits scaled by k_descale, the output by v_descale)."""
@@ -341,7 +370,11 @@ def _xla(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, e
     g = h // h_kv
     j = jnp.arange(t)[None, None, :]  # (1, 1, T)
     present = j < lengths[:, None, None]  # (B, 1, T)
-    # positions past a row's length may hold anything (NaN included): never multiplied by P = 0
+    first = _first_keys(leftpad, lengths)
+    if first is not None:
+        present = present & (j >= first[:, None, None])
+    # positions outside a row (past its length, before its first key) may hold anything (NaN included): never
+    # multiplied by P = 0
     values = jnp.where(present[:, 0, :, None, None], values, jnp.zeros((), values.dtype))
     scale = opts.softmax_scale
     if extras.k_descale is not None:
@@ -372,8 +405,10 @@ def _xla(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, e
     return out.reshape(q.shape).astype(q.dtype), lse.reshape(b, h, sq), k_cache, v_cache
 
 
-def decode_call(target: str, opts: Options, q, k_cache, block_table, seq_new: int = 0, rows=None) -> plan.DecodeCall:
-    """The plan's DecodeCall of these arrays; rows: {table: DecodeRow} forced (benchmark sweeps)."""
+def decode_call(target: str, opts: Options, q, k_cache, block_table, seq_new: int = 0, rows=None,
+                leftpad: bool = False) -> plan.DecodeCall:
+    """The plan's DecodeCall of these arrays; rows: {table: DecodeRow} forced (benchmark sweeps); leftpad: the rows
+    have first keys (cache_leftpad)."""
     policy = opts.policy
     if rows:
         policy = policy.replace(rows={**dict(policy.rows), **rows})
@@ -381,19 +416,22 @@ def decode_call(target: str, opts: Options, q, k_cache, block_table, seq_new: in
     return plan.DecodeCall(target, b, sq, h, k_cache.shape[2], d, np.dtype(q.dtype).name,
                            _capacity(k_cache, block_table), opts.band, opts.softcap,
                            k_cache.shape[1] if block_table is not None else 0, seq_new, np.dtype(k_cache.dtype).name,
-                           opts.num_splits, policy.compute_units or plan.compute_units(target), policy)
+                           opts.num_splits, policy.compute_units or plan.compute_units(target), policy, leftpad)
 
 
-def _kernels(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras: Operands, *, rows=None):
+def _kernels(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras: Operands, leftpad=None, *,
+             rows=None):
     """The kernels (triton or interpret): (out, lse, k_cache, v_cache)."""
     run, target = _dispatch.backend(opts.implementation)
-    return launches(run, target, opts, q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras, rows=rows)
+    return launches(run, target, opts, q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras, rows=rows,
+                    leftpad=leftpad)
 
 
 def launches(run, target: str, opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table,
-             extras: Operands = Operands(), rows=None):
+             extras: Operands = Operands(), rows=None, leftpad=None):
     """The plan's steps (plan.plan_decode): append (if k), decode, combine (if split): (out, lse natural, k_cache,
-    v_cache). extras: ALiBi slopes, float8 descales. rows: {table: row} forced (benchmark sweeps)."""
+    v_cache). extras: ALiBi slopes, float8 descales. rows: {table: row} forced (benchmark sweeps). leftpad: (batch,)
+    int32 first keys (cache_leftpad), or None."""
     b, sq, h, d = q.shape
     paged = block_table is not None
     num_pages = k_cache.shape[0]
@@ -402,7 +440,8 @@ def launches(run, target: str, opts: Options, q, k_cache, v_cache, cache_seqlens
     table = block_table if paged else jnp.zeros((1,), jnp.int32)
     seq_new = 0 if k is None else k.shape[1]
     start, lengths = _lengths(cache_seqlens, seq_new, capacity)
-    steps = plan.plan_decode(decode_call(target, opts, q, k_cache, block_table, seq_new, rows)).steps
+    steps = plan.plan_decode(decode_call(target, opts, q, k_cache, block_table, seq_new, rows,
+                                         leftpad is not None)).steps
     if steps[0].role == "kv_append":
         append = _launch.launch(
             decode.kv_append, grid=steps[0].grid,
@@ -416,10 +455,13 @@ def launches(run, target: str, opts: Options, q, k_cache, v_cache, cache_seqlens
     step = steps[0]
     splits = step.grid[1]
     one = splits == 1
+    offsets = _offsets(opts.band, sq, lengths)
+    if leftpad is not None:  # the decode kernel's LEFTPAD: a third column, each row's first key
+        offsets = jnp.concatenate([offsets, _first_keys(leftpad, lengths)[:, None]], axis=1)
     out, lse2 = run(_launch.launch(
         decode.attn_decode, grid=step.grid,
         inputs=dict(Q=q, KCache=k_cache, VCache=v_cache, BlockTable=table, SeqLens=lengths,
-                    Offsets=_offsets(opts.band, sq, lengths), sm_scale=np.float32(opts.softmax_scale),
+                    Offsets=offsets, sm_scale=np.float32(opts.softmax_scale),
                     softcap=np.float32(opts.softcap), seq_q=sq, capacity=capacity, max_pages=max_pages,
                     num_pages=num_pages),
         out_shapes=(jax.ShapeDtypeStruct((splits, b, sq, h, d), q.dtype if one else jnp.float32),

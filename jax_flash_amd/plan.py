@@ -804,6 +804,7 @@ class DecodeCall:
     num_splits: int = 0
     compute_units: int = 132
     policy: Policy = DEFAULT
+    leftpad: bool = False  # rows start at a first key of their own (cache_leftpad): the decode kernel's LEFTPAD
 
     @property
     def paged(self) -> bool:
@@ -811,6 +812,15 @@ class DecodeCall:
 
 
 MIN_PAGE = 16  # the decode kernels' smallest key block (tl.dot's minimum): pages a multiple of it
+
+
+def check_page_size(page_size: int) -> None:
+    """The page sizes a paged KV cache may have, one rule for every implementation (the pure-JAX reference could
+    take any, but then a program would run on the CPU and fail on the GPU): multiples of MIN_PAGE, since a key
+    block of the kernels lies within one page."""
+    if page_size % MIN_PAGE:
+        raise ValueError(f"page_size (k_cache.shape[1] of a paged cache) must be a multiple of {MIN_PAGE} (the decode "
+                         f"kernels' smallest key block, which lies within one page); got {page_size}")
 
 
 def decode_splits(target: str, programs: int, keys: int, block_n: int, cus: int) -> int:
@@ -839,8 +849,8 @@ def _decode_row(call: DecodeCall, table_name: str) -> DecodeRow:
 def plan_decode(call: DecodeCall) -> Plan:
     """The KV cache's steps: kv_append (new keys written in place), the split-KV attn_decode (block_m packed
     query rows: the group's heads x positions), attn_decode_combine where the keys were split."""
-    if call.paged and call.page_size % MIN_PAGE:
-        raise ValueError(f"page_size {call.page_size} must be a multiple of {MIN_PAGE} for the kernels")
+    if call.paged:
+        check_page_size(call.page_size)
     bd = block_d(call.head_dim, call.dtype)
     common = dict(KV_H=call.kv_heads, HEAD_DIM=call.head_dim, BLOCK_D=bd, PAGE=call.page_size or 1,
                   PAGED=call.paged)
@@ -862,10 +872,13 @@ def plan_decode(call: DecodeCall) -> Plan:
     why = f"{row_blocks} row blocks of {block_m} packed (position, head) rows; {splits} key splits" + (
         " (asked)" if call.num_splits else " (split-KV rule)")
     partial = splits * call.batch * call.seq_q * call.heads * (call.head_dim + 1) * 4 if splits > 1 else 0
+    # LEFTPAD only where set (the kernel's default is False): the plans, and explain's flags, of other calls
+    # do not mention it
+    leftpad = {"LEFTPAD": True} if call.leftpad else {}
     steps.append(_step("decode", "attn_decode", row, (call.batch * call.kv_heads, splits, row_blocks), "tiled",
                        {**common, "H": call.heads, "BLOCK_M": block_m, "BLOCK_N": block_n,
                         "BANDED": call.band.sides, "SOFTCAP": call.softcap > 0,
-                        "FP8_KV": call.cache_dtype in FP8_TYPES}, row.options(block_m), why, partial))
+                        "FP8_KV": call.cache_dtype in FP8_TYPES, **leftpad}, row.options(block_m), why, partial))
     if splits > 1:
         row = _decode_row(call, "decode_combine")
         steps.append(_step("combine", "attn_decode_combine", row, (_cdiv(call.seq_q * call.heads, row.block_m),

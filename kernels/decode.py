@@ -4,7 +4,10 @@ Layouts: q (batch, seq_q, H, HEAD_DIM); caches contiguous (batch, capacity, KV_H
 (num_pages, PAGE, KV_H, HEAD_DIM) with BlockTable (batch, max_pages) int32: key j of batch b lies in
 page BlockTable[b, j // PAGE], row j % PAGE. SeqLens (batch,) int32: the keys each row attends to
 (cached + appended); Offsets (batch, 2) int32: that row's band (lo_off, hi_off, masking.py), which is
-bottom-right aligned against its own length.
+bottom-right aligned against its own length. LEFTPAD (constexpr): Offsets is (batch, 3), its third column
+the row's first key (FlashAttention's cache_leftpad): keys before it are neither read nor seen, and the
+key blocks wholly before it are skipped. A column rather than an operand of its own: without LEFTPAD
+the kernel has the parameters and the code of a kernel without the option.
 
 attn_decode: one program per (batch * KV_H, key split, block of packed query rows). All query heads
 of a grouped-query group and all seq_q positions share the key/value head's K and V tiles, so they
@@ -40,26 +43,42 @@ def _block_offset(BlockTable, b, start_n, capacity, max_pages, num_pages, STRIDE
 
 
 @triton.jit
+def _load_span(ptr, rows, cols, stride, lo, hi, n_cols, CHECK_COLS: tl.constexpr):
+    """Loads ptr[rows, cols] (row stride `stride`), zero outside rows [lo, hi) and, where checked, cols < n_cols."""
+    mask = (rows[:, None] >= lo) & (rows[:, None] < hi)
+    if CHECK_COLS:
+        mask = mask & (cols[None, :] < n_cols)
+    return tl.load(ptr + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
 def _decode_inner(acc, l_i, m_i, q, KCache, VCache, BlockTable, b, head_off, lo, hi, lo2, hi2, pos, seq_q, seq_k,
-                  lo_off, hi_off, sm_scale, softcap, slope, capacity, max_pages, num_pages, STRIDE: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-                  PAGED: tl.constexpr, MASKED: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
-                  ALIBI: tl.constexpr, FP8_KV: tl.constexpr):
+                  lo_off, hi_off, sm_scale, softcap, slope, capacity, max_pages, num_pages, first,
+                  STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  PAGE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr, BANDED: tl.constexpr,
+                  SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, FP8_KV: tl.constexpr, LEFTPAD: tl.constexpr):
     """Key blocks of [lo, hi) then [lo2, hi2): the forward's online softmax (fwd.py), rows packed. Tiles of
-    a float8 cache are widened to q's type (exact) in registers."""
+    a float8 cache are widened to q's type (exact) in registers. LEFTPAD: keys before `first` are hidden (only
+    masked blocks hold any: the unmasked ones begin at or after it)."""
     offs_d = tl.arange(0, BLOCK_D)
     rows = tl.arange(0, BLOCK_N)
     for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
         start_n = span_block(i, lo, hi, lo2, BLOCK_N)
         offs_n = start_n + rows
         off = _block_offset(BlockTable, b, start_n, capacity, max_pages, num_pages, STRIDE, PAGE, PAGED) + head_off
-        # masked blocks load only keys < seq_k: positions past a row's length are never read
-        k = load_tile(KCache + off, rows, offs_d, STRIDE, seq_k - start_n, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
+        # masked blocks load only keys < seq_k (and, LEFTPAD, >= first): positions outside a row are never read
+        if LEFTPAD and MASKED:
+            k = _load_span(KCache + off, rows, offs_d, STRIDE, first - start_n, seq_k - start_n, HEAD_DIM,
+                           BLOCK_D != HEAD_DIM)
+        else:
+            k = load_tile(KCache + off, rows, offs_d, STRIDE, seq_k - start_n, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
         k = k.to(q.dtype)  # a no-op but for float8 caches
         s, scale2, _ = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), pos[:, None], offs_n[None, :], 0, 0,
                               seq_q, seq_k, lo_off, hi_off, seq_k - seq_q, sm_scale, softcap, slope, MASKED=MASKED,
                               BANDED=BANDED, SEGMENTS=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
                               POSITIVE_SCALE=not FP8_KV)  # [BM, BN]
+        if LEFTPAD and MASKED:  # -inf before and after scale2 (> 0, or 1.0 where scores applied the scale)
+            s = tl.where(offs_n[None, :] >= first, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1) * scale2)
         m_use = m_new
         if MASKED:  # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
@@ -67,7 +86,11 @@ def _decode_inner(acc, l_i, m_i, q, KCache, VCache, BlockTable, b, head_off, lo,
         p = tl.math.exp2(s * scale2 - m_use[:, None])
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_tile(VCache + off, rows, offs_d, STRIDE, seq_k - start_n, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
+        if LEFTPAD and MASKED:
+            v = _load_span(VCache + off, rows, offs_d, STRIDE, first - start_n, seq_k - start_n, HEAD_DIM,
+                           BLOCK_D != HEAD_DIM)
+        else:
+            v = load_tile(VCache + off, rows, offs_d, STRIDE, seq_k - start_n, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
         v = v.to(q.dtype)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
         m_i = m_new
@@ -79,13 +102,14 @@ def attn_decode(Q, KCache, VCache, BlockTable, SeqLens, Offsets, Slopes, KDescal
                 capacity, max_pages, num_pages, Out, Lse, H: tl.constexpr, KV_H: tl.constexpr,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 PAGE: tl.constexpr, PAGED: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
-                ALIBI: tl.constexpr, FP8_KV: tl.constexpr):
+                ALIBI: tl.constexpr, FP8_KV: tl.constexpr, LEFTPAD: tl.constexpr = False):
     """Out (splits, batch, seq_q, H, HEAD_DIM) and Lse (splits, batch, H, seq_q) fp32 base 2: each split's
     normalised output and lse (fp32 for the combine step; with one split, Out is the final output in
     q's dtype). capacity: keys per row of a contiguous cache; max_pages / num_pages: the block table's
     width and the pages in the cache (paged). Slopes (batch, H) fp32 / ALIBI; softcap / SOFTCAP.
     FP8_KV: float8 caches, k ~= k_fp8 * KDescale[b, h_kv] (likewise v; (batch, KV_H) fp32): the tiles
-    are widened to q's type, logits scaled by sm_scale * k_descale, the output by v_descale."""
+    are widened to q's type, logits scaled by sm_scale * k_descale, the output by v_descale. LEFTPAD: Offsets
+    holds each row's first key too (the module's docstring)."""
     bh = tl.program_id(0)
     b = bh // KV_H
     h_kv = bh % KV_H
@@ -109,8 +133,9 @@ def attn_decode(Q, KCache, VCache, BlockTable, SeqLens, Offsets, Slopes, KDescal
         sm_scale = sm_scale * tl.load(KDescale + bh)
         v_descale = tl.load(VDescale + bh)
     seq_k = tl.load(SeqLens + b)
-    lo_off = tl.load(Offsets + 2 * b)
-    hi_off = tl.load(Offsets + 2 * b + 1)
+    OFFSETS: tl.constexpr = 3 if LEFTPAD else 2  # columns of Offsets
+    lo_off = tl.load(Offsets + OFFSETS * b)
+    hi_off = tl.load(Offsets + OFFSETS * b + 1)
     slope = 0.0
     if ALIBI:
         slope = tl.load(Slopes + b * H + head, mask=rows_ok, other=0.0)[:, None]
@@ -118,6 +143,12 @@ def attn_decode(Q, KCache, VCache, BlockTable, SeqLens, Offsets, Slopes, KDescal
     POSITIONS: tl.constexpr = (BLOCK_M - 1) // G + 2
     start, full_start, full_end, end = key_blocks(start_r // G, seq_q, seq_k, lo_off, hi_off, BlockTable, b,
                                                   POSITIONS, BLOCK_N, BANDED, False)
+    first = 0
+    if LEFTPAD:  # the blocks wholly before the row's first key skipped; the one holding it masked
+        first = tl.load(Offsets + OFFSETS * b + 2)
+        start = tl.maximum(start, first // BLOCK_N * BLOCK_N)
+        full_start = tl.maximum(full_start, tl.cdiv(first, BLOCK_N) * BLOCK_N)
+        full_end = tl.maximum(full_end, full_start)
     # this split's share of the key blocks, and within it the unmasked part [fs, fe)
     per_split = tl.cdiv(tl.cdiv(tl.maximum(end - start, 0), BLOCK_N), n_split)
     lo = start + split * per_split * BLOCK_N
@@ -131,14 +162,14 @@ def attn_decode(Q, KCache, VCache, BlockTable, SeqLens, Offsets, Slopes, KDescal
     head_off = h_kv * HEAD_DIM
     acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, KCache, VCache, BlockTable, b, head_off, fs, fe, fe, fe, pos,
                                   seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, capacity, max_pages,
-                                  num_pages, STRIDE=STRIDE, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-                                  PAGE=PAGE, PAGED=PAGED, MASKED=False, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                                  FP8_KV=FP8_KV)
+                                  num_pages, first, STRIDE=STRIDE, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                                  BLOCK_N=BLOCK_N, PAGE=PAGE, PAGED=PAGED, MASKED=False, BANDED=BANDED, SOFTCAP=SOFTCAP,
+                                  ALIBI=ALIBI, FP8_KV=FP8_KV, LEFTPAD=LEFTPAD)
     acc, l_i, m_i = _decode_inner(acc, l_i, m_i, q, KCache, VCache, BlockTable, b, head_off, lo, fs, fe, hi, pos,
                                   seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, capacity, max_pages,
-                                  num_pages, STRIDE=STRIDE, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-                                  PAGE=PAGE, PAGED=PAGED, MASKED=True, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                                  FP8_KV=FP8_KV)
+                                  num_pages, first, STRIDE=STRIDE, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                                  BLOCK_N=BLOCK_N, PAGE=PAGE, PAGED=PAGED, MASKED=True, BANDED=BANDED, SOFTCAP=SOFTCAP,
+                                  ALIBI=ALIBI, FP8_KV=FP8_KV, LEFTPAD=LEFTPAD)
 
     empty = l_i == 0.0  # rows (or splits) that saw no key: output 0, lse -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]

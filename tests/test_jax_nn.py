@@ -127,7 +127,7 @@ def test_equals_jax_nn(name, dtype, impl):
 def test_the_kernels_run(name, kernel):
     """Bias, mask, lengths and windows run the kernels: the plan, on sm90, of the attention call
     dot_product_attention makes (a dense operand, segment ids from the lengths, a top-left band's positions)."""
-    from jax_flash_amd import _jax_nn
+    from jax_flash_amd import compat
 
     args, bias, _, kw, _ = case(name, jnp.bfloat16)
     t, s = 4096, 4096 + args[1].shape[1] - args[0].shape[1]  # past the Gluon rows' min_seq, seq_k - seq_q kept
@@ -137,7 +137,7 @@ def test_the_kernels_run(name, kernel):
         return None if x is None else jnp.zeros(x.shape[:-2] + (t if x.shape[-2] > 1 else 1, s), x.dtype)
 
     window = kw["local_window_size"]
-    q, k, v, extras, opts = _jax_nn._arguments(
+    q, k, v, extras, opts = compat._arguments(
         q, k, v, grown(bias), grown(kw["mask"]), None, kw["is_causal"], kw["query_seq_lengths"],
         kw["key_value_seq_lengths"], (window, window) if isinstance(window, int) else window, "triton", "sm90")
     call = plan.Call.of("sm90", q, k, extras, opts.statics, here=False)

@@ -1,6 +1,7 @@
 """attention_with_kvcache (decode, chunked prefill, paged caches) against a float64 oracle of the same
 attention on the concatenated sequences, for every implementation; the updated caches against the
 concatenation itself; Flax decoding step by step against the full causal forward; errors."""
+import dataclasses
 import functools
 
 import jax
@@ -17,19 +18,24 @@ from jax_flash_amd import plan
 IMPLS = KERNEL_IMPLS + ["xla"]
 
 
-def _case(batch, seq_q, heads, heads_kv, d, lens, capacity, seq_new, dtype, page=None, seed=0, spare_pages=3):
+def _case(batch, seq_q, heads, heads_kv, d, lens, capacity, seq_new, dtype, page=None, seed=0, spare_pages=3,
+          leftpad=None):
     """Inputs of one call, and the logical (unpaged) caches. Cache positions past each row's final length
-    (lens + seq_new) and pages no row uses hold NaN: a read of them would show."""
+    (lens + seq_new), before its first key (leftpad, cache_leftpad) and pages no row uses hold NaN: a read of
+    them would show."""
     rng = np.random.default_rng(seed)
     f = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
     lens = np.asarray(lens, np.int32)
     logical_k, logical_v = f(batch, capacity, heads_kv, d), f(batch, capacity, heads_kv, d)
+    first = np.zeros(batch, np.int32) if leftpad is None else np.asarray(leftpad, np.int32)
     for b in range(batch):
-        logical_k[b, lens[b] + seq_new:] = np.nan
-        logical_v[b, lens[b] + seq_new:] = np.nan
+        for x in (logical_k, logical_v):
+            x[b, lens[b] + seq_new:] = np.nan
+            x[b, :first[b]] = np.nan
     q = f(batch, seq_q, heads, d)
     new = (f(batch, seq_new, heads_kv, d), f(batch, seq_new, heads_kv, d)) if seq_new else (None, None)
-    case = dict(q=q, lens=lens, logical=(logical_k, logical_v), block_table=None, k=new[0], v=new[1])
+    case = dict(q=q, lens=lens, logical=(logical_k, logical_v), block_table=None, k=new[0], v=new[1],
+                leftpad=None if leftpad is None else first)
     if page is None:
         case["caches"] = (logical_k, logical_v)
     else:
@@ -68,12 +74,15 @@ def _expected_caches(case):
 
 
 def _rows(case):
-    """Each row's keys and values after appending: the concatenation of its cache and k, v."""
+    """Each row's keys and values after appending: the concatenation of its cache (from its first key) and k, v.
+    Bottom-right alignment makes the row's own sequence the reference's (query i sits at i + L - seq_q in the
+    cache and at i + (L - first) - seq_q in the row's sequence: the same distance to every key)."""
     lk, lv = case["logical"]
     out = []
     for b in range(len(case["lens"])):
         n = case["lens"][b]
-        keys, values = lk[b, :n], lv[b, :n]
+        first = 0 if case.get("leftpad") is None else case["leftpad"][b]
+        keys, values = lk[b, first:n], lv[b, first:n]
         if case["k"] is not None:
             new_k, new_v = case.get("new_dequantized", (case["k"], case["v"]))
             keys = np.concatenate([keys, np.asarray(new_k[b]).astype(np.float32)])
@@ -107,13 +116,14 @@ def _references(case, causal=True, window=(-1, -1), softcap=0.0, alibi=None, sca
 
 def _call(impl, case, **kw):
     """One jitted call: dict(out, lse, k_cache, v_cache)."""
-    def f(q, kc, vc, lens, k, v, table):
+    def f(q, kc, vc, lens, k, v, table, leftpad):
         res = jax_flash_amd.attention_with_kvcache(q, kc, vc, lens, k=k, v=v, block_table=table, return_lse=True,
-                                                   implementation=impl, **kw)
+                                                   cache_leftpad=leftpad, implementation=impl, **kw)
         return dict(zip(("out", "lse", "k_cache", "v_cache"), res))
 
     table = None if case["block_table"] is None else jnp.asarray(case["block_table"])
-    return jax.jit(f)(case["q"], *case["caches"], jnp.asarray(case["lens"]), case["k"], case["v"], table)
+    leftpad = None if case.get("leftpad") is None else jnp.asarray(case["leftpad"])
+    return jax.jit(f)(case["q"], *case["caches"], jnp.asarray(case["lens"]), case["k"], case["v"], table, leftpad)
 
 
 def _bits(x):
@@ -231,6 +241,66 @@ def test_fp8_caches(impl, dtype):
             pytest.skip(f"{jnp.dtype(dtype).name} does not run on {_triton.target()}")
     case = _fp8(_case(2, 2, 4, 2, 16, [7, 40], 48, 2, jnp.bfloat16, page=16, seed=9), dtype)
     _run_check(impl, case, softcap=3.0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("paged, seq_q, splits", [(False, 1, 3), (True, 1, 0), (False, 6, 0), (True, 6, 2)],
+                         ids=["decode", "decode_paged", "chunk", "chunk_paged_split"])
+def test_cache_leftpad(impl, paged, seq_q, splits):
+    """cache_leftpad: rows starting at keys 0, 5, 37 (a row's keys from the middle of a key block, and past two
+    whole blocks, which the kernels skip) and at cache_seqlens itself (only the new keys); NaN before each first
+    key, so a read of one would show. GQA 3:1, head_dim 24, odd lengths, key splits (with a split wholly
+    before the first key)."""
+    case = _case(4, seq_q, 6, 2, 24, [0, 23, 57, 30], 80, seq_q, jnp.float32, page=16 if paged else None,
+                 seed=20 + seq_q, leftpad=[0, 5, 37, 30])
+    _run_check(impl, case, num_splits=splits)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_cache_leftpad_with_window_softcap_alibi(impl):
+    """cache_leftpad with a sliding window, softcap and ALiBi (aligned to the cache's positions), bfloat16."""
+    case = _case(2, 3, 4, 2, 16, [20, 41], 48, 3, jnp.bfloat16, seed=8, leftpad=[7, 18])
+    alibi = np.array([[0.3, 0.1, 0.05, 0.5], [0.2, 0.4, 0.0, 1.0]], np.float32)
+    _run_check(impl, case, window=(12, 0), softcap=2.0, alibi=alibi)
+
+
+def test_cache_leftpad_sets_the_kernel_flag_only_where_given():
+    """The decode step's LEFTPAD constexpr is set only for calls with cache_leftpad: other calls plan (and
+    compile) as without the option."""
+    call = plan.DecodeCall("sm90", 8, 1, 32, 8, 128, "bfloat16", 4096)
+    assert "LEFTPAD" not in plan.plan_decode(call).step("decode").flags
+    assert plan.plan_decode(dataclasses.replace(call, leftpad=True)).step("decode").flags["LEFTPAD"] is True
+
+
+PAGE_ERROR = r"page_size \(k_cache.shape\[1\] of a paged cache\) must be a multiple of 16"
+
+
+@pytest.mark.parametrize("page", [8, 24, 16, 32])
+def test_page_sizes_one_rule_for_every_implementation(page):
+    """Every implementation, and the plan of every kernel target, accepts the same page sizes (multiples of
+    16) and refuses the others with the same error, before an implementation is chosen (so "triton" refuses
+    here too, even without a GPU)."""
+    rng = np.random.default_rng(page)
+    pages = jnp.asarray(rng.standard_normal((6, page, 2, 16)), jnp.float16)
+    table = jnp.array([[0, 1], [2, 3]], jnp.int32)
+    lens = jnp.array([3, page + 5], jnp.int32)  # row 1 spans two pages
+    q = jnp.asarray(rng.standard_normal((2, 1, 4, 16)), jnp.float16)
+    runnable = ["xla"] + (["triton"] if ON_GPU else ["interpret"])
+    for target in jax_flash_amd.kernels.configs.TARGETS:
+        call = plan.DecodeCall(target, 2, 1, 4, 2, 16, "float16", 2 * page, page_size=page)
+        if page % 16:
+            with pytest.raises(ValueError, match=PAGE_ERROR):
+                plan.plan_decode(call)
+        else:
+            assert plan.plan_decode(call).kernels[0] == "attn_decode"
+    for impl in ("xla", "interpret", "triton"):
+        if page % 16:
+            with pytest.raises(ValueError, match=PAGE_ERROR):
+                jax_flash_amd.attention_with_kvcache(q, pages, pages, lens, block_table=table, implementation=impl)
+    if page % 16 == 0:  # the implementations that run here agree on it
+        outs = [jax_flash_amd.attention_with_kvcache(q, pages, pages, lens, block_table=table, implementation=impl)
+                for impl in runnable]
+        np.testing.assert_allclose(np.asarray(outs[0], np.float32), np.asarray(outs[1], np.float32), atol=2e-3)
 
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
@@ -422,8 +492,10 @@ D8 = jnp.ones((2, 2), jnp.float32)
     ((Q, P, P, jnp.array([20, 4])), {"block_table": jnp.array([[0, 9], [2, 3]])}, ValueError,
      r"block_table\[0, 1\] = 9 is outside"),
     ((Q, P, P, jnp.array([33, 4])), {"block_table": T}, ValueError, "at most the cache capacity 32"),
-    ((Q, P[:, :8], P[:, :8], L), {"block_table": T, "implementation": "interpret"}, ValueError,
-     "page_size .* must be a multiple of 16"),
+    ((Q, P[:, :8], P[:, :8], L), {"block_table": T}, ValueError, "page_size .* must be a multiple of 16"),
+    ((Q, C, C, L), {"cache_leftpad": jnp.array([0, 5])}, ValueError, r"cache_leftpad must be in \[0, cache_seqlens\]"),
+    ((Q, C, C, L), {"cache_leftpad": jnp.array([0])}, ValueError, r"cache_leftpad must have shape \(batch,\)"),
+    ((Q, C, C, L), {"cache_leftpad": jnp.array([0.0, 1.0])}, TypeError, "cache_leftpad must be an integer array"),
     ((Q, C, C, L), {"window_size": (-2, 0)}, ValueError, "window_size values must be >= 0"),
     ((Q, C, C, L), {"softcap": -1.0}, ValueError, "softcap must be a finite number >= 0"),
     ((Q, C, C, L), {"alibi_slopes": jnp.zeros((3,))}, ValueError, "alibi_slopes must have shape"),
