@@ -74,30 +74,32 @@ def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def measure(name: str, fn, s: dict, inputs, ref) -> dict:
+def measure(name: str, fn, s: dict, inputs, ref, extra=()) -> dict:
+    """Times fn(q, k, v, causal, *extra) forward and forward+backward (the gradients of q, k, v); extra: arrays
+    passed as arguments (a bias, a mask), not closed over (a jit would embed them as constants)."""
     q, k, v, do = inputs
     row = {"impl": name, **s}
     fl = fwd_flops(s)
 
-    def fwd(q, k, v):
-        return fn(q, k, v, s["causal"])
+    def fwd(q, k, v, *extra):
+        return fn(q, k, v, s["causal"], *extra)
 
-    def fwdbwd(q, k, v, do):
-        out, vjp = jax.vjp(fwd, q, k, v)
+    def fwdbwd(q, k, v, do, *extra):
+        out, vjp = jax.vjp(lambda q, k, v: fwd(q, k, v, *extra), q, k, v)
         return out, vjp(do)
 
     try:
         f, g = jax.jit(fwd), jax.jit(fwdbwd)
         t0 = time.perf_counter()
-        jax.block_until_ready(g(q, k, v, do))
+        jax.block_until_ready(g(q, k, v, do, *extra))
         row["compile_s"] = round(time.perf_counter() - t0, 2)
-        mem = g.lower(q, k, v, do).compile().memory_analysis()
+        mem = g.lower(q, k, v, do, *extra).compile().memory_analysis()
         row["temp_mb"] = round(mem.temp_size_in_bytes / 2**20, 1) if mem is not None else None
-        out = f(q, k, v)
+        out = f(q, k, v, *extra)
         row["max_err"] = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref))) if ref is not None else None
         del out
-        t_f = median_seconds(f, q, k, v, budget_s=0.25)
-        t_fb = median_seconds(g, q, k, v, do, budget_s=0.25)
+        t_f = median_seconds(f, q, k, v, *extra, budget_s=0.25)
+        t_fb = median_seconds(g, q, k, v, do, *extra, budget_s=0.25)
         row.update(fwd_ms=round(t_f * 1e3, 4), fwdbwd_ms=round(t_fb * 1e3, 4),
                    fwd_tflops=_sig(fl / t_f / 1e12), fwdbwd_tflops=_sig(3.5 * fl / t_fb / 1e12),
                    bwd_tflops=_sig(2.5 * fl / (t_fb - t_f) / 1e12) if t_fb > t_f else None)

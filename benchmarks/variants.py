@@ -3,13 +3,14 @@
     python -m benchmarks.variants            # writes benchmarks/results/<gpu>_variants.{json,md}
 
 Each case is a pair (variant, baseline) of jax_flash_amd calls (implementation="triton", bf16) whose time
-ratio has a target (the project's; README "Variants"):
+ratio has a target (the project's; docs/performance.md "Variants"):
 - GQA 32 query / 8 key-value heads vs 32-head MHA at N 4096, D 128: forward and backward each <= 1.05x;
 - window (1024, 0) vs full causal at N 16384, D 128: forward+backward <= 0.15x;
 - dropout 0.1 vs none at N 4096, D 128: forward+backward <= 1.3x;
 - packed segment ids (4 sequences of N / 4) vs one causal sequence: informational (skipped blocks);
 - fp8 (e4m3fn, inference) forward vs bf16 forward at N 4096 and 16384, D 128: >= 1.4x as fast, i.e. a
-  time ratio <= 0.714.
+  time ratio <= 0.714;
+- a padding mask (B, 1, 1, S) and a bias (1, H, T, S) vs none at N 4096, D 128: forward+backward <= 1.25x.
 Times are medians (jax_flash_amd.timing) of the forward and of forward+backward; backward = their difference.
 """
 from __future__ import annotations
@@ -50,15 +51,34 @@ def cases(n_seg: int = 4096) -> list[dict]:
               dict(q_segment_ids=jnp.broadcast_to(ids, (4, n_seg))), {}),
         _case("fp8 forward vs bf16, causal, N 4096", "fwd_ms", 0.714, 4, 4096, 16, 16, True, FP8, {}),
         _case("fp8 forward vs bf16, full, N 16384", "fwd_ms", 0.714, 1, 16384, 16, 16, False, FP8, {}),
+        # dense operands, read tile by tile (the issue's targets: <= 1.25x the same call without them)
+        _case("padding mask (B, 1, 1, S) vs none, full", "fwdbwd_ms", 1.25, 4, 4096, 16, 16, False, PADDING, {}),
+        _case("padding mask (B, 1, 1, S) vs none, causal", "fwdbwd_ms", 1.25, 4, 4096, 16, 16, True, PADDING, {}),
+        _case("bias (1, H, T, S) vs none, full", "fwdbwd_ms", 1.25, 4, 4096, 16, 16, False, BIAS, {}),
+        _case("bias (1, H, T, S) vs none, causal", "fwdbwd_ms", 1.25, 4, 4096, 16, 16, True, BIAS, {}),
     ]
+
+
+# dense operands, made per case and passed as arguments (measure's extra): a padding mask whose rows keep all but
+# the last 0 / 512 / 0 / 1024 keys, and a bias per head
+PADDING = {"dense": "mask"}
+BIAS = {"dense": "bias"}
+
+
+def _dense(c):
+    if c["variant"].get("dense") == "mask":
+        lengths = jnp.asarray([c["N"], c["N"] - 512, c["N"], c["N"] - 1024][:c["B"]])
+        return "mask", (jnp.arange(c["N"])[None, :] < lengths[:, None])[:, None, None, :]
+    return "bias", jax.random.normal(jax.random.key(5), (1, c["H"], c["N"], c["N"]), jnp.bfloat16)
 
 
 FP8 = {"fp8": jnp.float8_e4m3fn}  # variant marker: quantise the inputs, time the forward only
 
 
-def _fn(kw):
-    def fn(q, k, v, causal):
-        return jax_flash_amd.attention(q, k, v, causal=causal, implementation="triton", **kw)
+def _fn(kw, dense_name=None):
+    def fn(q, k, v, causal, *dense):
+        extra = {dense_name: dense[0]} if dense_name else {}
+        return jax_flash_amd.attention(q, k, v, causal=causal, implementation="triton", **kw, **extra)
     return fn
 
 
@@ -85,6 +105,10 @@ def run_case(c) -> dict:
     s = dict(B=c["B"], N=c["N"], H=c["H"], D=D, causal=c["causal"], dtype="bfloat16")
     if "fp8" in c["variant"]:
         var = _fp8_forward(c, c["variant"]["fp8"])
+    elif "dense" in c["variant"]:
+        name, array = _dense(c)
+        var = measure("variant", _fn({}, name), s, _inputs(c, c["H_kv"]), None, extra=(array,))
+        del array
     else:
         var = measure("variant", _fn(c["variant"]), s, _inputs(c, c["H_kv"]), None)
     base = measure("baseline", _fn(c["base"]), s, _inputs(c, c["base_H_kv"]), None)
