@@ -2,20 +2,22 @@
 
     python -m benchmarks.attention                      # the full suite: every shape below, every peer
     python -m benchmarks.attention --d 128 --n 4096 --causal yes --impls jax_flash_amd,cudnn
-    python -m benchmarks.attention --plot-only benchmarks/results/h200.json   # redraw table and plot
+    python -m benchmarks.attention --llama only        # the llama3.1 shapes (B 1, 64 / 8 heads, D 128, N 2k-32k)
+    python -m benchmarks.attention --plot-only benchmarks/results/h200_attention.json   # redraw table and plot
 
 Implementations (the peers): jax_flash_amd (implementation="triton"); xla and cudnn, JAX's own
 jax.nn.dot_product_attention with implementation="xla" / "cudnn"; pallas_triton, JAX's Pallas GPU
 attention (jax.experimental.pallas.ops.gpu.attention.mha). Those that cannot run here are skipped.
 The ratio table judges ours against the TARGETS below (bf16, N >= 1024, D 64 / 128).
-Shapes: 16k tokens per batch (B = 16384 / N), hidden 2048 (H = 2048 / D); plus the long-context case
-(B 1, N 131072, H 16, D 128, causal). FLOPs (FlashAttention convention): forward 4*B*H*N*N*D, halved
+Shapes: 16k tokens per batch (B = 16384 / N), hidden 2048 (H = 2048 / D); the long-context case (B 1, N 131072,
+H 16, D 128, causal); and the llama3.1 shapes cuDNN's own benchmark publishes (B 1, 64 query / 8 key-value heads,
+D 128, N 2048-32768, causal and not). FLOPs (FlashAttention convention): forward 4*B*H*N*N*D, halved
 when causal; backward 2.5x forward. Times are medians after warm-up; backward = (forward+backward) -
 forward. temp_mb: XLA's temp buffer of the jitted forward+backward (compile().memory_analysis()).
 max_err: max |out - float32 reference| of the forward. compile_s: first forward+backward call (trace,
-compile, Triton compile unless cached). Rows go to benchmarks/results/<gpu>.json as they finish (a
-run cut short keeps what it measured); the markdown table (.md) and plot (.png, needs matplotlib)
-are written next to it.
+compile, Triton compile unless cached). Rows go to benchmarks/results/<gpu>_attention.json as they finish (a
+run cut short keeps what it measured), headed by the GPU and the versions (jax, triton, cuDNN); the markdown table
+(.md) and plot (.png, needs matplotlib) are written next to it.
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ from jax_flash_amd.timing import median_seconds
 
 TOKENS, HIDDEN = 16384, 2048
 IMPLS = ("jax_flash_amd", "xla", "cudnn", "pallas_triton")
-KEYS = ("impl", "B", "N", "H", "D", "causal", "dtype")
+KEYS = ("impl", "B", "N", "H", "H_kv", "D", "causal", "dtype")
+LLAMA_NS = (2048, 4096, 8192, 16384, 32768)
 
 
 def peers() -> dict:
@@ -58,12 +61,26 @@ def peers() -> dict:
     return fns
 
 
-def shapes(ns, ds, causals, dtypes, long_context: bool) -> list[dict]:
-    out = [dict(B=max(1, TOKENS // n), N=n, H=HIDDEN // d, D=d, causal=c, dtype=t)
+def shapes(ns, ds, causals, dtypes, long_context: bool, llama: bool = False) -> list[dict]:
+    out = [dict(B=max(1, TOKENS // n), N=n, H=HIDDEN // d, H_kv=HIDDEN // d, D=d, causal=c, dtype=t)
            for t in dtypes for d in ds for c in causals for n in ns]
     if long_context:
-        out.append(dict(B=1, N=131072, H=16, D=128, causal=True, dtype="bfloat16"))
+        out.append(dict(B=1, N=131072, H=16, H_kv=16, D=128, causal=True, dtype="bfloat16"))
+    if llama:
+        out += [dict(B=1, N=n, H=64, H_kv=8, D=128, causal=c, dtype="bfloat16") for c in (False, True)
+                for n in LLAMA_NS]
     return out
+
+
+def cudnn_version() -> str | None:
+    """The cuDNN jaxlib runs (major.minor.patch), or None off CUDA."""
+    try:
+        from jax._src.lib import cuda_versions
+
+        v = cuda_versions.cudnn_get_version()
+        return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v // 100 % 10}.{v % 100}"
+    except Exception:  # noqa: BLE001  (not a CUDA jaxlib)
+        return None
 
 
 def fwd_flops(s: dict) -> float:
@@ -167,8 +184,8 @@ def _ratio(a, b, key):
 
 
 TARGETS = [  # (metric, peer, floor) on the H200, bf16, N >= 1024, D in {64, 128}
-    ("fwd_tflops", "cudnn", 0.85), ("fwd_tflops", "pallas_triton", 1.15),
-    ("bwd_tflops", "cudnn", 0.70), ("bwd_tflops", "pallas_triton", 3.0),
+    ("fwd_tflops", "cudnn", 1.05), ("fwd_tflops", "pallas_triton", 1.15),
+    ("bwd_tflops", "cudnn", 1.0), ("bwd_tflops", "pallas_triton", 3.0),
     ("fwdbwd_tflops", "xla", 3.0),
 ]
 
@@ -179,8 +196,8 @@ def markdown(rows: list[dict]) -> str:
         s = {k: r[k] for k in KEYS[1:]}
         if s not in seen:
             seen.append(s)
-    lines.append("| dtype | D | N | B | H | causal | impl | fwd TF/s | bwd TF/s | fwd+bwd TF/s | temp MB | max err "
-                 "| compile s |")
+    lines.append("| dtype | D | N | B | H / H_kv | causal | impl | fwd TF/s | bwd TF/s | fwd+bwd TF/s | temp MB | "
+                 "max err | compile s |")
     lines.append("|" + "---|" * 13)
     for s in seen:
         for r in rows:
@@ -191,7 +208,7 @@ def markdown(rows: list[dict]) -> str:
                     err = f"{r['max_err']:.2g}" if r.get("max_err") is not None else "-"
                     cells = (f"{r['fwd_tflops']} | {r['bwd_tflops'] or '-'} | {r['fwdbwd_tflops']} | {r['temp_mb']} "
                              f"| {err} | {r['compile_s']} |")
-                lines.append(f"| {s['dtype']} | {s['D']} | {s['N']} | {s['B']} | {s['H']} | "
+                lines.append(f"| {s['dtype']} | {s['D']} | {s['N']} | {s['B']} | {s['H']} / {s['H_kv']} | "
                              f"{'yes' if s['causal'] else 'no'} | {r['impl']} | {cells}")
     lines += ["", "Ratios of jax_flash_amd to each peer (same run); targets: "
               + ", ".join(f"{m.split('_')[0]} >= {f}x {p}" for m, p, f in TARGETS)
@@ -203,7 +220,7 @@ def markdown(rows: list[dict]) -> str:
         if ours is None:
             continue
         ratios = [_ratio(ours, _find(rows, p, s), m) for m, p, _ in TARGETS]
-        judged = s["dtype"] == "bfloat16" and s["N"] >= 1024 and s["D"] in (64, 128) and s["N"] <= 16384
+        judged = s["dtype"] == "bfloat16" and s["N"] >= 1024 and s["D"] in (64, 128) and s["N"] <= 32768
         misses = [f"{m.split('_')[0]}/{p}" for (m, p, f), x in zip(TARGETS, ratios) if judged and x is not None
                   and x < f]
         cells = " | ".join(f"{x:.2f}" if x is not None else "-" for x in ratios)
@@ -274,7 +291,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtypes", default="bfloat16,float16", help="comma-separated input dtypes")
     ap.add_argument("--long", choices=("yes", "no", "only"), default="yes",
                     help="the long-context case (N 131072): with the others, not at all, or alone")
-    ap.add_argument("--out", default=None, help="JSON path (None: benchmarks/results/<gpu>.json)")
+    ap.add_argument("--llama", choices=("yes", "no", "only"), default="yes",
+                    help="the llama3.1 shapes (B 1, 64 / 8 heads, D 128, N 2k-32k): with the others, not, or alone")
+    ap.add_argument("--out", default=None, help="JSON path (None: benchmarks/results/<gpu>_attention.json)")
     ap.add_argument("--append", action="store_true",
                     help="keep the rows already in --out and measure only what they lack or failed on (resume a "
                          "cut-short run)")
@@ -287,27 +306,27 @@ def main(argv=None) -> int:
 
     if args.plot_only:
         with open(args.plot_only) as fh:
-            rows = json.load(fh)
+            rows = [dict(r, H_kv=r.get("H_kv", r["H"])) for r in json.load(fh)]
         write_reports(rows, args.plot_only, _title(rows))
         print(markdown(rows))
         return 0
 
     causals = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
-    todo = [] if args.long == "only" else shapes([int(x) for x in args.n.split(",")],
-                                                 [int(x) for x in args.d.split(",")], causals,
-                                                 args.dtypes.split(","), False)
-    if args.long != "no":
-        todo += shapes([], [], [], [], True)
+    only = "only" in (args.long, args.llama)
+    todo = [] if only else shapes([int(x) for x in args.n.split(",")], [int(x) for x in args.d.split(",")], causals,
+                                  args.dtypes.split(","), False)
+    todo += shapes([], [], [], [], args.long in ("yes", "only") and args.llama != "only",
+                   args.llama in ("yes", "only") and args.long != "only")
     fns = {k: f for k, f in peers().items() if k in args.impls.split(",")}
     device = jax.devices()[0]
-    out_path = args.out or os.path.join(os.path.dirname(__file__), "results", gpu_slug() + ".json")
+    out_path = args.out or os.path.join(os.path.dirname(__file__), "results", gpu_slug() + "_attention.json")
     rows = []
     if args.append and os.path.exists(out_path):
         with open(out_path) as fh:
-            rows = json.load(fh)
+            rows = [dict(r, H_kv=r.get("H_kv", r["H"])) for r in json.load(fh)]
         wanted = {(name, *(s[k] for k in KEYS[1:])) for s in todo for name in fns}
         rows = [r for r in rows if "error" not in r or tuple(r[k] for k in KEYS) not in wanted]  # retry failures
-    env = dict(gpu=device.device_kind, jax=jax.__version__, date=time.strftime("%Y-%m-%d"))
+    env = dict(gpu=device.device_kind, jax=jax.__version__, cudnn=cudnn_version(), date=time.strftime("%Y-%m-%d"))
     try:
         import triton
         env["triton"] = triton.__version__
@@ -319,8 +338,9 @@ def main(argv=None) -> int:
     bar = Progress(len(todo) * len(fns))
     for s in todo:
         keys = jax.random.split(jax.random.key(0), 4)
-        shape = (s["B"], s["N"], s["H"], s["D"])
-        inputs = [jax.random.normal(kk, shape, jnp.dtype(s["dtype"])) for kk in keys]
+        q_shape, kv_shape = (s["B"], s["N"], s["H"], s["D"]), (s["B"], s["N"], s["H_kv"], s["D"])
+        inputs = [jax.random.normal(kk, shape, jnp.dtype(s["dtype"]))
+                  for kk, shape in zip(keys, (q_shape, kv_shape, kv_shape, q_shape))]
         ref = reference_output(s, *inputs[:3])
         for name, fn in fns.items():
             if (name, *(s[k] for k in KEYS[1:])) in done:
@@ -342,7 +362,7 @@ def main(argv=None) -> int:
 def _title(rows) -> str:
     env = rows[0].get("env", {}) if rows else {}
     return (f"Attention on {env.get('gpu', '?')} (jax {env.get('jax', '?')}, triton {env.get('triton', '?')}, "
-            f"{env.get('date', '')})")
+            f"cuDNN {env.get('cudnn') or '?'}, {env.get('date', '')})")
 
 
 if __name__ == "__main__":
