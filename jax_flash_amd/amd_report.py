@@ -54,10 +54,10 @@ LANES = 64  # per AMD wave
 DUPLICATION_LIMIT = 1.05  # --check: MFMA flops or v_exp_f32 per tile above this times the ideal
 # Matrix products per (query block, key block) tile: forward S = QK^T, PV; dQ S, dP, dQ; dK/dV S^T, dV, dP^T,
 # dK (SPLIT: the dK program's S^T, dP^T, dK, the loop loop_stats reads)
-PRODUCTS = {"fwd": 2, "dq": 3, "dkdv": 4, "decode": 2}  # decode: the KV-cache forward (kernels/decode.py)
+PRODUCTS = {"fwd": 2, "dq": 3, "dkdv": 4, "decode": 2, "dbias": 2}  # decode: the KV-cache forward (kernels/decode.py)
 _TRITON_DTYPE = {jnp.dtype(jnp.float16): "fp16", jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float32): "fp32",
                  jnp.dtype(jnp.int32): "i32", jnp.dtype(jnp.float8_e4m3fn): "fp8e4nv",
-                 jnp.dtype(jnp.float8_e4m3fnuz): "fp8e4b8"}
+                 jnp.dtype(jnp.float8_e4m3fnuz): "fp8e4b8", jnp.dtype(jnp.int8): "i8"}
 
 
 @dataclasses.dataclass
@@ -122,7 +122,9 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
     sequence lengths are runtime arguments and do not change the compiled code). kind: "" (plain),
     "dropout" (its kernels draw random numbers: more registers), "window" (a narrow sliding window) or
     "gqa" (4 query heads per key/value head), which take the "+<kind>" config rows where the target
-    has them; kernels are named with it. "decode": the KV-cache kernels (kvcache.record_launches)."""
+    has them, "bias" (a (1, heads, seq, seq) bias: a tile of it per block, and its gradient's kernel) or "mask" (a
+    (1, 1, seq, seq) mask); kernels are named with it. "decode": the KV-cache kernels
+    (kvcache.record_launches)."""
     if kind == "decode":  # the KV-cache kernels (kernels/decode.py): decode, paged, chunked prefill, ...
         from jax_flash_amd import kvcache
         return kvcache.record_launches(target, head_dim, dtype)
@@ -140,13 +142,18 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
     kv = jnp.zeros((1, 1024, 4, head_dim), jnp.dtype(dtype)) if kind == "gqa" else x
     if kind == "dropout":
         extras = Operands(seeds=jnp.zeros((1, 16, 2), jnp.uint32))
+    if kind == "bias":
+        extras = Operands(bias=jnp.zeros((1, 16, 1024, 1024), jnp.dtype(dtype)))
+    if kind == "mask":
+        extras = Operands(mask=jnp.ones((1, 1, 1024, 1024), bool))
     if fp8.is_fp8(dtype):  # inference: the forward only
         extras = Operands(**dict.fromkeys(("q_descale", "k_descale", "v_descale"), jnp.ones((1, 16), jnp.float32)))
         _launch.forward(run, target, x, x, x, extras, statics=_launch.Statics(head_dim ** -0.5, band))
         return [("fwd", next(launch for launch in recorded if launch.kernel is fwd.attn_fwd))]
     out, lse = _launch.forward(run, target, x, kv, kv, extras, statics=statics)
     _launch.backward(run, target, x, kv, kv, out, lse, out, lse, extras, statics=statics)
-    names = {"attn_fwd": "fwd", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq", "attn_bwd_dq_ds": "dqds"}
+    names = {"attn_fwd": "fwd", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq", "attn_bwd_dq_ds": "dqds",
+             "attn_bwd_dbias": "dbias"}
     suffix = f"+{kind}" if kind else ""
     return [(names[launch.kernel.__name__] + suffix, launch) for launch in recorded]
 
@@ -154,7 +161,8 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
 def _kinds(target: str) -> list[tuple[bool, str]]:
     """(causal, kind) cases of the report: window and gqa only where the target has their rows."""
     extra = [kind for kind in ("window", "gqa") if any(name.endswith("+" + kind) for name in configs.TARGETS[target])]
-    return [(False, ""), (True, ""), (True, "dropout")] + [(True, kind) for kind in extra] + [(True, "decode")]
+    return ([(False, ""), (True, ""), (True, "dropout")] + [(True, kind) for kind in extra]
+            + [(True, "bias"), (True, "mask"), (True, "decode")])  # bias, mask: dense, over (queries, keys)
 
 
 def _source(launch: _launch.Launch, platform: str):
@@ -285,8 +293,10 @@ def _amd_stats(row: Row, compiled, num_warps: int, launch: _launch.Launch) -> No
     row.mfma_ideal = round(row.mfma_tile / row.mfma_ratio)
     row.exp_tile = stats["exp"] * num_warps
     # one exponential per probability, 64 to an instruction; the forward also rescales its running sums
-    # (exp2(m_old - m_new), one per query row: one instruction per wave)
-    row.exp_ideal = tile // LANES + (num_warps if kernel in ("fwd", "decode") else 0)
+    # (exp2(m_old - m_new), one per query row: one instruction per wave, two where a 16-wide MFMA layout puts
+    # two rows in a lane)
+    rows_a_lane = 2 if c.get("BLOCK_N") == 16 or launch.compile_options.get("matrix_instr_nonkdim") == 16 else 1
+    row.exp_ideal = tile // LANES + (num_warps * rows_a_lane if kernel in ("fwd", "decode") else 0)
     row.buffer_loads, row.global_loads = stats["buffer_loads"], stats["global_loads"]
     row.load_bytes = stats["load_bytes"]
     row.lds_bytes = stats["lds_bytes"] * LANES * num_warps

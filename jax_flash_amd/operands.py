@@ -64,9 +64,10 @@ class Operands:
     # sharding treat it like the other operands.
     positions: Any = _field("b p", jnp.int32, "Positions", "POSITIONS")
     # dense operands (batch | 1, query heads | 1, seq_q | 1, seq_k | 1): an additive bias (logits += bias, its
-    # own float dtype) and a boolean mask (False hides a pair)
+    # own float dtype) and a boolean mask (False hides a pair), read by the kernels as int8: AMD's buffer loads
+    # (kernels/masking.py) cannot take the bitcast Triton puts on an i1 pointer (amd_report: 16 global loads a loop)
     bias: Any = _field(" ".join(DENSE_AXES), None, "Bias", "BIAS", dense=True)
-    mask: Any = _field(" ".join(DENSE_AXES), jnp.bool_, "Mask", "MASK", dense=True)
+    mask: Any = _field(" ".join(DENSE_AXES), jnp.int8, "Mask", "MASK", dense=True)
 
     def present(self) -> tuple[str, ...]:
         """Names of the fields that hold arrays, in declaration (= leaf) order."""
@@ -92,6 +93,8 @@ class Operands:
                 x = getattr(self, name)
                 if x is None:
                     x = jnp.zeros((1,), spec.dtype or jnp.float32)
+                elif x.dtype == jnp.bool_ and spec.dtype is not None:
+                    x = x.astype(spec.dtype)
                 elif spec.dtype is not None and x.dtype != spec.dtype:
                     x = jax.lax.bitcast_convert_type(x, spec.dtype)
                 args[spec.param] = x

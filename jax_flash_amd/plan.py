@@ -105,6 +105,7 @@ class Call:
     interpreted: bool = False  # the kernels were built for Triton's interpreter
     policy: Policy = DEFAULT
     bias_shape: tuple[int, ...] = ()  # a dense bias's (batch | 1, heads | 1, seq_q | 1, seq_k | 1)
+    mask_shape: tuple[int, ...] = ()  # a dense mask's, the same
 
     @classmethod
     def of(cls, target: str, q, k, extras=None, statics=None, policy: Policy | None = None, here: bool = True
@@ -126,7 +127,8 @@ class Call:
                    compute_units=policy.compute_units or units,
                    compiled_warps=policy.compiled_warps if policy.compiled_warps is not None else warps,
                    interpreted=interp, policy=policy,
-                   bias_shape=tuple(extras.bias.shape) if extras is not None and extras.bias is not None else ())
+                   bias_shape=tuple(extras.bias.shape) if extras is not None and extras.bias is not None else (),
+                   mask_shape=tuple(extras.mask.shape) if extras is not None and extras.mask is not None else ())
 
     @property
     def group(self) -> int:
@@ -159,13 +161,20 @@ class Call:
         return self.band.narrow(self.limits.narrow_window)
 
     @property
-    def kind(self) -> str:
-        """Which "+<kind>" tables the call takes: fp8, else window (narrow), else dropout, else gqa, else ""."""
+    def kinds(self) -> tuple[str, ...]:
+        """The "+<kind>" tables the call may take, first present wins: fp8 alone, else those of dense (a bias or
+        mask varying along queries and keys: a tile of it per block, more registers), window (narrow), dropout
+        and gqa that hold."""
         if self.fp8:
-            return "fp8"
-        if self.narrow:
-            return "window"
-        return "dropout" if self.dropout_p > 0 else "gqa" if self.group > 1 else ""
+            return ("fp8",)
+        tiles = any(len(shape) == 4 and shape[2] > 1 and shape[3] > 1 for shape in (self.bias_shape, self.mask_shape))
+        held = (("dense", tiles), ("window", self.narrow), ("dropout", self.dropout_p > 0), ("gqa", self.group > 1))
+        return tuple(name for name, holds in held if holds)
+
+    @property
+    def kind(self) -> str:
+        """The call's first kind ("" if none): its autotuning key's."""
+        return self.kinds[0] if self.kinds else ""
 
     def has(self, *operands: str) -> bool:
         return any(name in self.operands for name in operands)
@@ -357,10 +366,15 @@ def fits(row: Row | DecodeRow, width: int, dtype: str, banded_seq: int = 0) -> b
             and (getattr(row, "max_banded_seq", None) is None or banded_seq <= row.max_banded_seq))
 
 
-def table(call: Call, role: str) -> tuple:
-    """The call's table for a role: "<role>+<kind>" where the target has it, else the role's."""
+def table_name(call: Call, role: str) -> str:
+    """The name of the call's table for a role: "<role>+<kind>" of its first kind the target has, else role."""
     tables = configs.TARGETS[call.target]
-    return tables.get(f"{role}+{call.kind}", tables[role]) if call.kind else tables[role]
+    return next((f"{role}+{kind}" for kind in call.kinds if f"{role}+{kind}" in tables), role)
+
+
+def table(call: Call, role: str) -> tuple:
+    """The call's table for a role (table_name)."""
+    return configs.TARGETS[call.target][table_name(call, role)]
 
 
 def pick(call: Call, role: str, tma: bool = True, banded_seq: int = 0, persistent: bool = True) -> Row:
@@ -613,7 +627,8 @@ def plan_forward(call: Call) -> Plan:
 
 
 def _why_row(call: Call, role: str, row: Row, tma: bool, gluon: str) -> str:
-    parts = ["forced row" if call.policy.row(role) is row else f"first {call.kind or 'plain'} row for width {call.width}"]
+    first = f"first row of {table_name(call, role)} for width {call.width}"
+    parts = ["forced row" if call.policy.row(role) is row else first]
     if call.target == "sm90":
         parts.append(gluon)
         if not tma:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jax_flash_amd.rules import Band, dropout_keep_scale, dropout_threshold
 
 _HIGHEST = jax.lax.Precision.HIGHEST  # float32 inputs: true fp32 dots, not TF32
+_F32_MIN = float(jnp.finfo(jnp.float32).min)
 
 
 def dropout_seeds(rng, batch: int, heads: int) -> jax.Array:
@@ -133,8 +134,9 @@ def _logits(st: _Static, q, k, slopes, q_ids, kv_ids, positions, bias=None, mask
         if shift is not None:
             dist = dist + shift[:, None, None, None]  # (B, 1, Sq, Sk)
         s = s - jax.lax.stop_gradient(slopes)[:, :, None, None] * jnp.abs(dist).astype(jnp.float32)
-    if bias is not None:
-        s = s + bias.astype(jnp.float32)
+    if bias is not None:  # floored at finfo.min as the kernels floor it: -inf hides a pair, a row of it is uniform
+        b = bias.astype(jnp.float32)
+        s = s + jnp.where(b < _F32_MIN, _F32_MIN, b)
     seen = st.band.visible(sq, sk, shift)
     if q_ids is not None:
         seen = seen & segment_mask(q_ids, kv_ids)

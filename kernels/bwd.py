@@ -31,7 +31,7 @@ from .masking import (dense_plane, element_tiles, head_start, key_blocks, load_i
                       persistent_tile, place, query_blocks, span_block, span_blocks, store_tile, tile_order, visible)
 from . import configs
 from .configs import TILED_GROUP_PROGRAMS
-from .scores import scores
+from .scores import dense_start, scores
 
 DS_BAND_BLOCK = tl.constexpr(configs.DS_BAND_BLOCK)  # the banded dS workspace's granule (ds_tiles)
 
@@ -67,7 +67,9 @@ def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, st
     """One query block's share of dk / dv (q, do [BM, BD], lse2 (_seen) loaded). delta [BM] comes loaded,
     or LOAD_DELTA: from Delta + row0 here, after dV's product (in that order AMD's loop is up to 6 %
     shorter, amd_report). STORE_DS: dS^T also goes to ds_desc at row ds_row (the dS path; ds_col)."""
-    s_t, scale2, dlogit_t = scores(tl.dot(k, tl.trans(q), input_precision="ieee"), offs_m[None, :],
+    start = dense_start(bias, mask, offs_m[None, :], offs_n[:, None], seq_q, seq_k, sm_scale, [BLOCK_N, BLOCK_M], BIAS,
+                        MASK, SOFTCAP)
+    s_t, scale2, dlogit_t = scores(tl.dot(k, tl.trans(q), start, input_precision="ieee"), offs_m[None, :],
                                    offs_n[:, None], q_ids[None, :], k_ids[:, None], seq_q, seq_k, lo_off, hi_off,
                                    diag, sm_scale, softcap, slope, MASKED=MASKED, BANDED=BANDED,
                                    SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP, ALIBI=ALIBI, bias=bias, mask=mask, BIAS=BIAS,
@@ -462,10 +464,12 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, kv_row, kv
             k = load_tile(k_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
             v = load_tile(v_base, offs_n, offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # [BN, BD]
         k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS and MASKED)
-        s, scale2, dlogit = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), offs_m[:, None], offs_n[None, :],
-                                   q_ids[:, None], k_ids[None, :], seq_q, seq_k, lo_off, hi_off, diag, sm_scale,
-                                   softcap, slope, MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP,
-                                   ALIBI=ALIBI, bias=bias, mask=mask, BIAS=BIAS, MASK=MASK)  # [BM, BN]
+        start = dense_start(bias, mask, offs_m[:, None], offs_n[None, :], seq_q, seq_k, sm_scale, [BLOCK_M, BLOCK_N],
+                            BIAS, MASK, SOFTCAP)
+        s, scale2, dlogit = scores(tl.dot(q, tl.trans(k), start, input_precision="ieee"), offs_m[:, None],
+                                   offs_n[None, :], q_ids[:, None], k_ids[None, :], seq_q, seq_k, lo_off, hi_off, diag,
+                                   sm_scale, softcap, slope, MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS,
+                                   SOFTCAP=SOFTCAP, ALIBI=ALIBI, bias=bias, mask=mask, BIAS=BIAS, MASK=MASK)  # [BM, BN]
         p = tl.math.exp2(s * scale2 - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # [BM, BN]
         kept = False
@@ -702,13 +706,15 @@ def attn_bwd_dbias(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Bia
             mask = 0
             if MASK:
                 mask = dense_plane(Mask, b, h, seq_q, seq_k, H, MASK)
-            s, scale2, dlogit = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), offs_m[:, None],
+            bias = dense_plane(Bias, b, h, seq_q, seq_k, H, BIAS)
+            start = dense_start(bias, mask, offs_m[:, None], offs_n[None, :], seq_q, seq_k, sm_scale,
+                                [BLOCK_M, BLOCK_N], BIAS, MASK, SOFTCAP)
+            s, scale2, dlogit = scores(tl.dot(q, tl.trans(k), start, input_precision="ieee"), offs_m[:, None],
                                        offs_n[None, :], load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)[:, None],
                                        load_ids(KSeg, b, offs_n, seq_k, SEGMENTS)[None, :], seq_q, seq_k, lo, hi,
                                        diag, sm_scale, softcap, slope, MASKED=True, BANDED=BANDED, SEGMENTS=SEGMENTS,
-                                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, bias=dense_plane(Bias, b, h, seq_q, seq_k, H,
-                                                                                      BIAS),
-                                       mask=mask, BIAS=BIAS, MASK=MASK)  # [BM, BN]
+                                       SOFTCAP=SOFTCAP, ALIBI=ALIBI, bias=bias, mask=mask, BIAS=BIAS,
+                                       MASK=MASK)  # [BM, BN]
             p = tl.math.exp2(s * scale2 - lse2[:, None])
             dp = tl.dot(do, tl.trans(v), input_precision="ieee")
             kept = False

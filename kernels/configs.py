@@ -3,8 +3,8 @@ jax_flash_amd/plan (its tables name these rows); why each row has its values: do
 
 TARGETS[target][table] is a tuple of `Row`s, first match wins. Tables: "fwd", "dkdv", "dq", "dqds" (the dS
 path's dQ), "keys_last" (the fp8 forward's V^T), "decode", "decode_combine", "kv_append"; "<table>+<kind>"
-(kind: window, dropout, gqa, fp8, paged), where a target has it, replaces the plain table for calls of
-that kind. The Gluon kernels (sm90) have tables of `GluonRow`s: SM90_GLUON_FWD, SM90_GLUON_FWD_FP8,
+(kind: window, dropout, gqa, fp8, paged, dense), where a target has it, replaces the plain table for calls of
+that kind (plan.Call.kinds: which of them a call has, in precedence). The Gluon kernels (sm90) have tables of `GluonRow`s: SM90_GLUON_FWD, SM90_GLUON_FWD_FP8,
 SM90_GLUON_DKDV. CANDIDATES: what autotuning times. Numbers of the path rules: `Limits`.
 """
 from __future__ import annotations
@@ -160,6 +160,12 @@ def _hip(arch: str) -> dict[str, tuple[Row, ...]]:
         tables["dkdv"] = (dkdv[0].but("gfx942/dkdv/d64", max_width=64),
                           *_with(dkdv, 128, "-mfma32", matrix_instr_nonkdim=32))
         tables["fwd+fp8"] = _with(fwd, 128, "-fp8", block_n=64)
+    # a dense bias or mask tile per block: the rows that spilled with it (amd_report --check, kinds bias and mask)
+    if a == "gfx942":
+        tables["fwd+dense"] = _with(_with(fwd, 64, "-dense", block_n=32), 128, "-dense", edges_first=False,
+                                    matrix_instr_nonkdim=16)
+    if a == "gfx950":
+        tables["fwd+dense"] = _with(fwd, 128, "-dense", block_n=32)
     return tables
 
 

@@ -23,7 +23,7 @@ from .dropout import keep, load_seed
 from .masking import (dense_plane, element_tiles, head_start, key_blocks, load_ids, load_tile, persistent_rounds,
                       persistent_tile, place, span_block, span_blocks, store_tile, tile_order)
 from .configs import TILED_GROUP_PROGRAMS
-from .scores import scores
+from .scores import dense_start, scores
 
 
 @triton.jit
@@ -46,10 +46,11 @@ def _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_row, kv_col, start_n, sta
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k_ids = load_ids(KSeg, b, offs_n, seq_k, SEGMENTS and MASKED)
-    s, scale2, _ = scores(tl.dot(q, tl.trans(k), input_precision="ieee"), offs_m[:, None], offs_n[None, :],
-                          q_ids[:, None], k_ids[None, :], seq_q, seq_k, lo_off, hi_off, diag, sm_scale, softcap,
-                          slope, MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS, SOFTCAP=SOFTCAP,
-                          ALIBI=ALIBI, bias=bias, mask=mask, BIAS=BIAS, MASK=MASK)  # [BM, BN]
+    qk = tl.dot(q, tl.trans(k), dense_start(bias, mask, offs_m[:, None], offs_n[None, :], seq_q, seq_k, sm_scale,
+                                            [BLOCK_M, BLOCK_N], BIAS, MASK, SOFTCAP), input_precision="ieee")
+    s, scale2, _ = scores(qk, offs_m[:, None], offs_n[None, :], q_ids[:, None], k_ids[None, :], seq_q, seq_k, lo_off,
+                          hi_off, diag, sm_scale, softcap, slope, MASKED=MASKED, BANDED=BANDED, SEGMENTS=SEGMENTS,
+                          SOFTCAP=SOFTCAP, ALIBI=ALIBI, bias=bias, mask=mask, BIAS=BIAS, MASK=MASK)  # [BM, BN]
     m_new = tl.maximum(m_i, tl.max(s, 1) * scale2)
     m_use = m_new
     if MASKED:  # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN

@@ -9,6 +9,7 @@ import triton.language as tl
 from .masking import dense_tile, visible
 
 LOG2E = tl.constexpr(1.4426950408889634)
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
@@ -59,12 +60,15 @@ def scores(qk, q_idx, k_idx, q_ids, k_ids, seq_q, seq_k, lo_off, hi_off, diag, s
     factor the backward applies to dS (logits2). Without softcap or ALiBi, s is qk itself (masked) and
     scale2 the scale: the callers' s * scale2 - m then compiles to one FMA per element. POSITIVE_SCALE:
     sm_scale is known > 0 (the API checks softmax_scale; False where fp8 descales multiply it). bias, mask:
-    planes of a dense bias and boolean mask (masking.dense_plane; BIAS, MASK their layouts, 0: none): the bias is
-    added to the logits after softcap and ALiBi, and a MASKED tile keeps only the pairs the mask allows."""
-    if SOFTCAP or ALIBI or BIAS:
+    planes of a dense bias and boolean mask (masking.dense_plane; BIAS, MASK their layouts, 0: none), applied here
+    under SOFTCAP only (the bias after it, the mask on a MASKED tile); otherwise qk started from dense_start."""
+    LATE_BIAS: tl.constexpr = BIAS if SOFTCAP else 0  # else in q.k already (dense_start)
+    LATE_MASK: tl.constexpr = MASK if SOFTCAP else 0
+    if SOFTCAP or ALIBI:
         s, dlogit = logits2(qk, q_idx, k_idx, diag, sm_scale, softcap, slope, SOFTCAP, ALIBI)
-        if BIAS:
-            s = s + dense_tile(bias, q_idx, k_idx, seq_q, seq_k, 0.0, BIAS).to(tl.float32) * LOG2E
+        if LATE_BIAS:  # floored as dense_start floors it
+            s = s + tl.maximum(dense_tile(bias, q_idx, k_idx, seq_q, seq_k, 0.0, BIAS).to(tl.float32) * LOG2E,
+                               -FLT_MAX)
         scale2 = 1.0
     else:
         s = qk
@@ -76,7 +80,7 @@ def scores(qk, q_idx, k_idx, q_ids, k_ids, seq_q, seq_k, lo_off, hi_off, diag, s
         # D 128 forward); scaled first where the scale comes from run-time factors (fp8 descales) whose
         # sign or zero would turn -inf into +inf or NaN
         ok = visible(q_idx, k_idx, seq_q, seq_k, lo_off, hi_off, q_ids, k_ids, BANDED, SEGMENTS)
-        if MASK:
+        if LATE_MASK:
             ok = ok & (dense_tile(mask, q_idx, k_idx, seq_q, seq_k, 0, MASK) != 0)
         if POSITIVE_SCALE:
             s = tl.where(ok, s, float("-inf"))
@@ -84,3 +88,24 @@ def scores(qk, q_idx, k_idx, q_ids, k_ids, seq_q, seq_k, lo_off, hi_off, diag, s
             s = tl.where(ok, s * scale2, float("-inf"))
             scale2 = 1.0
     return s, scale2, dlogit
+
+
+
+@triton.jit
+def dense_start(bias, mask, q_idx, k_idx, seq_q, seq_k, sm_scale, SHAPE: tl.constexpr, BIAS: tl.constexpr,
+                MASK: tl.constexpr, SOFTCAP: tl.constexpr):
+    """The accumulator q.k starts from (a SHAPE tile; q_idx / k_idx broadcast to it): with a dense bias, bias /
+    sm_scale (q.k's units), and with a dense mask, -inf where it hides the pair; zeros without them or under
+    SOFTCAP (scores applies them then: softcap comes first). In the accumulator the tiles take the product's
+    layout; added after it, Triton ran the softmax in the tiles' layout as well (gfx942 D 128: 3x the exponentials
+    and 372 bytes of spills; sm90 too, amd_report). A bias floors at -FLT_MAX / max(1, scale * log2 e), finite
+    after scaling: finfo.min (a common "hide" bias; -inf the same) hides a pair, and a row of only those is
+    uniform, as in jax.nn, not empty."""
+    start = tl.zeros(SHAPE, tl.float32)
+    if BIAS and not SOFTCAP:
+        floor = -FLT_MAX / tl.maximum(sm_scale * LOG2E, 1.0)
+        b = dense_tile(bias, q_idx, k_idx, seq_q, seq_k, 0.0, BIAS).to(tl.float32)
+        start += tl.maximum(b * (1.0 / sm_scale), floor)
+    if MASK and not SOFTCAP:
+        start += tl.where(dense_tile(mask, q_idx, k_idx, seq_q, seq_k, 0, MASK) != 0, 0.0, float("-inf"))
+    return start

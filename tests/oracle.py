@@ -35,8 +35,8 @@ def attention(q, k, v, dout, dlse=None, *, causal=False, scale=None, window=(-1,
         s = np.where(j >= i - left, s, -np.inf)
     if right >= 0:
         s = np.where(j <= i + right, s, -np.inf)
-    if bias is not None:
-        s = s + _f64(bias)
+    if bias is not None:  # floored at float32's finfo.min, as the kernels floor it
+        s = s + np.maximum(_f64(bias), np.finfo(np.float32).min)
     if segments is not None:
         q_ids, kv_ids = (np.asarray(x) for x in segments)
         s = np.where((q_ids[:, :, None] == kv_ids[:, None, :])[:, None], s, -np.inf)

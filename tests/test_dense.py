@@ -30,12 +30,15 @@ CASES = {
     "bias-mask-dropout": dict(bias=(1, H, "q", "k"), mask="padding", dropout=0.2),
     "bias-bf16": dict(bias=(1, H, "q", "k"), dtype=jnp.bfloat16, causal=True),
     "mask-f16-gqa": dict(mask=(B, 1, "q", "k"), dtype=jnp.float16, h_kv=1),
+    # "hide" biases: finfo.min and -inf (a pair hidden; a row of only those uniform, as jax.nn gives finfo.min)
+    "bias-hide": dict(bias=(B, H, "q", "k"), hide=True, causal=True),
+    "bias-hide-softcap": dict(bias=(1, 1, "q", "k"), hide=True, softcap=4.0),
 }
 
 
 def case_inputs(name, seed=0):
     c = {**dict(sq=45, sk=53, causal=False, window=(-1, -1), softcap=0.0, alibi=False, segments=False, dropout=0.0,
-                h_kv=H, dtype=jnp.float32, bias=None, mask=None), **CASES[name]}
+                h_kv=H, dtype=jnp.float32, bias=None, mask=None, hide=False), **CASES[name]}
     sq, sk = c["sq"], c["sk"]
     q, k, v, dout, dlse = inputs((B, sq, H, D), (B, sk, c["h_kv"], D), c["dtype"], seed=seed)
     keys = jax.random.split(jax.random.key(seed + 100), 4)
@@ -44,7 +47,12 @@ def case_inputs(name, seed=0):
     ref_kw = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"])
     if c["bias"] is not None:
         shape = tuple(size.get(n, n) for n in c["bias"])
-        kw["bias"] = ref_kw["bias"] = jax.random.normal(keys[0], shape, jnp.float32).astype(c["dtype"])
+        bias = jax.random.normal(keys[0], shape, jnp.float32)
+        if c["hide"]:  # rows: 3 all finfo.min, 5 -inf on its first keys, 8 all -inf, 9 finfo.min on odd keys
+            low = jnp.finfo(jnp.float32).min
+            bias = bias.at[..., 3, :].set(low).at[..., 5, :7].set(-jnp.inf).at[..., 8, :].set(-jnp.inf)
+            bias = bias.at[..., 9, 1::2].set(low)
+        kw["bias"] = ref_kw["bias"] = bias.astype(c["dtype"])
     if c["mask"] == "padding":
         lengths = jnp.array([sk - 7, 5])
         mask = (jnp.arange(sk)[None, :] < lengths[:, None])[:, None, None, :]
@@ -185,3 +193,22 @@ def test_vmap_over_a_bias_call(impl):
             want = jax.grad(loss, argnums=(0, 1))(qs[i], b_in[i] if bias_axis == 0 else bias)
             for g, w in zip(got, want):
                 np.testing.assert_allclose(np.asarray(g[i]), np.asarray(w), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("target, dense, window, row", [
+    ("gfx942", "bias", (-1, -1), "gfx942/fwd/d128-dense"),
+    ("gfx942", "mask", (-1, -1), "gfx942/fwd/d128-dense"),
+    ("gfx942", "padding", (-1, -1), "gfx942/fwd/d128"),  # a row of keys, not a tile per block
+    ("gfx950", "bias", (-1, -1), "gfx950/fwd/d128-dense"),
+    ("gfx90a", "bias", (-1, -1), "gfx90a/fwd/d128"),  # its rows hold a bias tile (amd_report)
+    ("cuda", "bias", (100, 0), "cuda/fwd/d128-window"),  # no "+dense" table: the next kind's
+])
+def test_dense_tiles_take_the_dense_rows(target, dense, window, row):
+    """A bias or mask that varies along queries and keys takes a target's "fwd+dense" rows (more registers per
+    block), ahead of the other kinds; where the target has none, the call's next kind decides."""
+    q = k = v = jax.ShapeDtypeStruct((1, 256, 4, 128), jnp.bfloat16)
+    kw = {"bias": dict(bias=jnp.zeros((1, 4, 256, 256), jnp.bfloat16)),
+          "mask": dict(mask=jnp.ones((1, 1, 256, 256), bool)),
+          "padding": dict(mask=jnp.ones((1, 1, 1, 256), bool))}[dense]
+    e = jax_flash_amd.explain(q, k, v, target=target, causal=True, window_size=window, **kw)
+    assert e.forward.step("fwd").row.name == row
