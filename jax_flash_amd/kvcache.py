@@ -13,8 +13,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
 
-from jax_flash_amd import _dispatch, _launch, fp8
+from jax_flash_amd import _dispatch, _launch, _spmd, fp8
 from jax_flash_amd._config_choice import block_d, pick_config
 from jax_flash_amd.api import MAX_HEAD_DIM, _check_flag, _check_scale, _check_slopes, _check_softcap, _check_window
 from jax_flash_amd.kernels import configs, decode
@@ -103,7 +104,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
         _check_kernel_limits(q, k_cache, paged)
     opts = Options(impl, scale, Band.of(causal, window, seq_q, max(capacity, 1)), softcap, num_splits)
     extras = Operands(slopes=slopes, **descales)
-    out, lse, k_cache, v_cache = _forward_only(opts)(q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras)
+    # on Explicit meshes, with those axes made Auto (the append's scatter has no Explicit sharding rule); the
+    # caches come back sharded as given
+    specs = (*_spmd.attention_specs(q), *(PartitionSpec(*_spmd.partition_spec(c)) for c in (k_cache, v_cache)))
+    out, lse, k_cache, v_cache = _spmd.auto_axes(_forward_only(opts), (q, k_cache, v_cache, cache_seqlens, k, v,
+                                                                      block_table, extras), specs)
     result = (out, lse) if return_lse else (out,)
     if k is not None:
         result += (k_cache, v_cache)
