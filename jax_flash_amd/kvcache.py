@@ -278,14 +278,37 @@ def _check_kernel_limits(q, k_cache, paged: bool) -> None:
 @functools.cache
 def _forward_only(opts: Options):
     """opts' implementation as a function of the arrays whose derivative raises TypeError(NO_GRADIENT)."""
-    impl = _xla if opts.implementation == "xla" else _kernels
-    wrapped = jax.custom_jvp(functools.partial(impl, opts))
+    wrapped = jax.custom_jvp(functools.partial(_xla, opts) if opts.implementation == "xla" else _vmappable(opts))
 
     @wrapped.defjvp
     def _jvp(primals, tangents):
         raise TypeError(NO_GRADIENT)
 
     return wrapped
+
+
+def _vmappable(opts: Options):
+    """The kernels as a function of the arrays that jax.vmap maps by folding the mapped axis into the batch
+    (one launch per kernel, as _spmd.wrap does for attention); the xla implementation maps as plain JAX."""
+    @jax.custom_batching.custom_vmap
+    def call(*args):
+        return _kernels(opts, *args)
+
+    @call.def_vmap
+    def _fold(axis_size, in_batched, *args):
+        # unmapped arguments broadcast first: every slice appends to a cache of its own, as vmap means
+        q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras = jax.tree.map(
+            lambda x, mapped: x if mapped else jnp.broadcast_to(x, (axis_size, *x.shape)), args, tuple(in_batched))
+        if block_table is not None:  # slice i's pages follow slices 0 .. i-1's; invalid entries stay invalid
+            num_pages = k_cache.shape[1]
+            offset = (jnp.arange(axis_size, dtype=jnp.int32) * num_pages)[:, None, None]
+            block_table = jnp.where((block_table >= 0) & (block_table < num_pages), block_table + offset, -1)
+        folded = jax.tree.map(lambda x: x.reshape(axis_size * x.shape[1], *x.shape[2:]),
+                              (q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras))
+        outs = call(*folded)
+        return tuple(x.reshape(axis_size, -1, *x.shape[1:]) for x in outs), (True,) * len(outs)
+
+    return call
 
 
 def _lengths(cache_seqlens, seq_new: int, capacity: int):
@@ -363,7 +386,7 @@ def _xla(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, e
         dist = jnp.abs(i + (lengths[:, None, None] - sq) - j).astype(jnp.float32)  # (B, Sq, T)
         s = s - slopes.reshape(b, h_kv, g)[:, :, :, None, None] * dist[:, None, None]
     s = jnp.where(seen[:, None, None], s, -jnp.inf)
-    m = jnp.max(s, axis=-1)
+    m = jnp.max(s, axis=-1, initial=-jnp.inf)  # a cache of capacity 0 has no key
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     p = jnp.exp(s - m[..., None])
     l = jnp.sum(p, axis=-1)  # (B, H_kv, G, Sq)
