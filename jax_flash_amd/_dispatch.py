@@ -82,7 +82,8 @@ class Options:
 def attention(q, k, v, extras: Operands, opts: Options):
     """(out, lse) of checked inputs with the chosen implementation; differentiable in q, k, v."""
     impl = _reference if opts.implementation == "xla" else flash_attention
-    return _spmd.auto_axes(lambda q, k, v, extras: impl(q, k, v, extras, opts), q)(q, k, v, extras)
+    return _spmd.auto_axes(lambda q, k, v, extras: impl(q, k, v, extras, opts), (q, k, v, extras),
+                           _spmd.attention_specs(q))
 
 
 def _reference(q, k, v, extras: Operands, opts: Options):

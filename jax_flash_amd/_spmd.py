@@ -162,16 +162,53 @@ def match_varying(x, *like):
     return jax.lax.pcast(x, axes, to="varying") if hasattr(jax.lax, "pcast") else jax.lax.pvary(x, axes)
 
 
-def auto_axes(fn, q):
-    """fn(...) -> (out, lse), run with the context mesh's Explicit axes (jax.make_mesh's default) made
-    Auto for its duration: the kernels' partitioning rules, the interpreter's callbacks and the
-    reference's gathers are written for Auto axes. Results come back sharded as q (out) and as q's
-    batch and heads (lse). fn itself when no axis is Explicit."""
-    mesh = jax.sharding.get_abstract_mesh()
-    explicit = tuple(getattr(mesh, "explicit_axes", ()) or ())
-    if not explicit:
-        return fn
-    spec = tuple(getattr(jax.typeof(q).sharding, "spec", ()) or ())
-    spec = spec + (None,) * (4 - len(spec))
-    return jax.sharding.auto_axes(fn, axes=explicit, out_sharding=(PartitionSpec(*spec),
-                                                                   PartitionSpec(spec[0], spec[2], spec[1])))
+def partition_spec(x, rank: int | None = None) -> tuple:
+    """x's PartitionSpec in its type (empty outside sharding) as a tuple of rank entries (None: whole)."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    entries = tuple(getattr(sharding, "spec", ()) or ())
+    return entries + (None,) * ((x.ndim if rank is None else rank) - len(entries))
+
+
+def _explicit_mesh(arrays):
+    """The mesh whose Explicit axes a call runs under: the context mesh (jax.set_mesh, shard_map), else
+    the one the arrays' types name (arrays put on an Explicit mesh and passed to jit with no context mesh,
+    as jax.make_mesh and device_put leave them). A concrete Mesh where the arrays are concrete (an eager
+    call: resharding them needs the devices), else an AbstractMesh; None when no axis is Explicit."""
+    context = jax.sharding.get_abstract_mesh()
+    if not context.empty:
+        return context if getattr(context, "explicit_axes", ()) else None
+    for x in arrays:
+        concrete = isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+        sharding = x.sharding if concrete else None
+        if not isinstance(sharding, NamedSharding):
+            sharding = getattr(jax.typeof(x), "sharding", None)
+        mesh = getattr(sharding, "mesh", None)
+        if mesh is not None and not mesh.empty and getattr(mesh, "explicit_axes", ()):
+            return mesh
+    return None
+
+
+def auto_axes(fn, args: tuple, out_specs):
+    """fn(*args), run with the Explicit axes of the mesh in use (_explicit_mesh: jax.make_mesh's default
+    type, with or without jax.set_mesh) made Auto for its duration: the kernels' partitioning rules, the
+    interpreter's callbacks and the reference's gathers and scatters are written for Auto axes. The results
+    then come back sharded as out_specs (a pytree of PartitionSpec like fn's results). An eager call on
+    arrays sharded over several devices runs as one jitted program: op by op, the interpreter's callback
+    results land on one device, which ops with the sharded arrays then refuse."""
+    leaves = jax.tree.leaves(args)
+    mesh = _explicit_mesh(leaves)
+    call = fn if mesh is None else jax.sharding.auto_axes(fn, axes=tuple(mesh.explicit_axes), out_sharding=out_specs)
+    eager = not any(isinstance(x, jax.core.Tracer) for x in leaves)
+    if eager and any(isinstance(x, jax.Array) and len(x.sharding.device_set) > 1 for x in leaves):
+        call = jax.jit(call)
+    if mesh is None or not jax.sharding.get_abstract_mesh().empty:
+        return call(*args)
+    context = jax.set_mesh(mesh) if isinstance(mesh, jax.sharding.Mesh) else jax.sharding.use_abstract_mesh(mesh)
+    with context:
+        return call(*args)
+
+
+def attention_specs(q) -> tuple[PartitionSpec, PartitionSpec]:
+    """(out, lse) specs of an attention call: out as q, lse (batch, heads, seq) as q's batch, heads and seq."""
+    b, s, h, d = partition_spec(q, 4)
+    return PartitionSpec(b, s, h, d), PartitionSpec(b, h, s)

@@ -14,7 +14,14 @@ from jax_flash_amd.rules import Band
 
 IMPLEMENTATIONS = _dispatch.IMPLEMENTATIONS
 _DESCALES = ("q_descale", "k_descale", "v_descale")
-_F32_TINY, _F32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+_F32_TINY = float(np.finfo(np.float32).tiny)
+# From here on softcap is off. Below it the quotient x / softcap loses at most softcap * 2**-126 < 2**-24 where a
+# subnormal quotient is flushed to zero (XLA on the CPU, the GPUs); from it on c * tanh(x / c) differs from x by
+# at most |x|^3 / (3 c^2), below float32's rounding of x for every |x| < 2**90.
+SOFTCAP_OFF = 2.0 ** 102
+# float32 resolves a logit to eps * |logit|: beyond 2**16 that is over 2**-7, and the backward's recomputed
+# probabilities part from the forward's; a larger scale puts every |q.k| >= 1 there
+MAX_SOFTMAX_SCALE = 2.0 ** 16
 _DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32)
 MAX_HEAD_DIM = 256
 
@@ -34,12 +41,19 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
         head h attends with key/value head h // (heads_q // heads_kv); K/V are never copied per head.
       causal: query i sees key j iff j <= i + seq_k - seq_q (bottom-right aligned, as FlashAttention).
         A query row that sees no key gets output 0, lse -inf and zero gradients.
-      softmax_scale: logits are scale * q.k; default 1 / sqrt(head_dim). A static positive number.
+      softmax_scale: logits are scale * q.k; default 1 / sqrt(head_dim). A static number in [2**-126,
+        2**16] (others raise ValueError). Every implementation computes the logits in float32, which
+        resolves a logit to eps * |logit|: results are within float32 precision of float64 while
+        |scale * q.k| <= 2**16 (at the largest scale, |q.k| <= 1), and drift or overflow far beyond.
       window_size: (left, right) sliding window, bottom-right aligned like causal: query i sees key j iff
         i + seq_k - seq_q - left <= j <= i + seq_k - seq_q + right; -1 leaves that side unbounded
         (default (-1, -1): no window). With causal, right is capped at 0. Key blocks outside the window
         are skipped, so the cost grows with seq * window, not seq^2.
-      softcap: > 0 caps the logits: s = softcap * tanh(scale * q.k / softcap) (0: off). A static number.
+      softcap: > 0 caps the logits: s = softcap * tanh(scale * q.k / softcap) (0: off). A static number:
+        0, or from 2**-126 (float32's smallest normal number; smaller raise ValueError) on. From
+        2**102 (5.1e30) on it is off: float32 cannot tell such a cap from plain attention (it changes no
+        logit below 2**90 by more than float32's rounding), while the quotient scale * q.k / softcap
+        would lose its precision to float32's subnormal range.
       alibi_slopes: (heads_q,) or (batch, heads_q) float: ALiBi, logits -= slope * |i + seq_k - seq_q - j|.
         Treated as constants (zero gradient), as in FlashAttention.
       dropout_p: attention-probability dropout rate in [0, 1), a static number. One random byte per
@@ -80,6 +94,10 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
 
     Returns:
       out with q's shape and dtype (bfloat16 for float8 inputs), or (out, lse) when return_lse.
+
+    NaN (every implementation alike, as float64): a NaN in a query row makes that row's out, lse and dq
+    NaN, and dk and dv of the keys it sees (maybe of more keys of its batch and head: the kernels' whole
+    loaded key blocks, xla's dk); other rows' out, lse and dq are unaffected.
 
     Example:
       >>> out = jax_flash_amd.attention(q, k, v, causal=True)
@@ -251,13 +269,16 @@ def _check_window(window_size) -> tuple[int, int]:
 
 
 def _check_softcap(softcap) -> float:
+    """softcap as the kernels take it: 0 (off) for 0 and for any softcap >= SOFTCAP_OFF, which float32 cannot
+    tell from plain attention; refused below float32's smallest normal number."""
     if isinstance(softcap, jax.core.Tracer) or not isinstance(softcap, Real) or isinstance(softcap, bool):
         raise TypeError(f"softcap must be a static Python number; got {type(softcap).__name__}")
     if not (math.isfinite(softcap) and softcap >= 0):
         raise ValueError(f"softcap must be a finite number >= 0 (0 turns it off); got {softcap}")
-    if softcap != 0 and not _F32_TINY <= softcap <= _F32_MAX:  # the kernels divide by it in float32
-        raise ValueError(f"softcap must be 0 or a normal float32 number, in [{_F32_TINY:.3g}, {_F32_MAX:.3g}]; "
-                         f"got {softcap}")
+    if softcap >= SOFTCAP_OFF:
+        return 0.0
+    if softcap != 0 and softcap < _F32_TINY:  # the kernels divide by it in float32
+        raise ValueError(f"softcap must be 0 or a normal float32 number, at least {_F32_TINY:.3g}; got {softcap}")
     return float(softcap)
 
 
@@ -401,7 +422,8 @@ def _check_scale(softmax_scale, head_dim: int) -> float:
     scale = float(softmax_scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"softmax_scale must be a finite number > 0; got {softmax_scale}")
-    if not _F32_TINY <= scale <= _F32_MAX / 2:  # the kernels take scale * log2(e) in float32
-        raise ValueError(f"softmax_scale must be a normal float32 number within [{_F32_TINY:.3g}, "
-                         f"{_F32_MAX / 2:.3g}] (the kernels scale logits in float32); got {softmax_scale}")
+    if not _F32_TINY <= scale <= MAX_SOFTMAX_SCALE:
+        raise ValueError(f"softmax_scale must be a normal float32 number within [{_F32_TINY:.3g}, 2**16 = "
+                         f"{MAX_SOFTMAX_SCALE:.0f}]: the logits scale * q.k are computed in float32, which resolves "
+                         f"them to within float32 precision of float64 only up to about 2**16; got {softmax_scale}")
     return scale

@@ -13,8 +13,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
 
-from jax_flash_amd import _dispatch, _launch, fp8, plan
+from jax_flash_amd import _dispatch, _launch, _spmd, fp8, plan
 from jax_flash_amd.api import MAX_HEAD_DIM, _check_flag, _check_scale, _check_slopes, _check_softcap, _check_window
 from jax_flash_amd.kernels import decode
 from jax_flash_amd.operands import Operands
@@ -110,8 +111,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
         _check_kernel_limits(q, k_cache)
     opts = Options(impl, scale, Band.of(causal, window, seq_q, max(capacity, 1)), softcap, num_splits, plan.active())
     extras = Operands(slopes=slopes, **descales)
-    out, lse, k_cache, v_cache = _forward_only(opts)(q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras,
-                                                     leftpad)
+    # on Explicit meshes, with those axes made Auto (the append's scatter has no Explicit sharding rule); the
+    # caches come back sharded as given
+    specs = (*_spmd.attention_specs(q), *(PartitionSpec(*_spmd.partition_spec(c)) for c in (k_cache, v_cache)))
+    out, lse, k_cache, v_cache = _spmd.auto_axes(_forward_only(opts), (q, k_cache, v_cache, cache_seqlens, k, v,
+                                                                      block_table, extras, leftpad), specs)
     result = (out, lse) if return_lse else (out,)
     if k is not None:
         result += (k_cache, v_cache)
@@ -296,14 +300,37 @@ def _check_kernel_limits(q, k_cache) -> None:
 @functools.cache
 def _forward_only(opts: Options):
     """opts' implementation as a function of the arrays whose derivative raises TypeError(NO_GRADIENT)."""
-    impl = _xla if opts.implementation == "xla" else _kernels
-    wrapped = jax.custom_jvp(functools.partial(impl, opts))
+    wrapped = jax.custom_jvp(functools.partial(_xla, opts) if opts.implementation == "xla" else _vmappable(opts))
 
     @wrapped.defjvp
     def _jvp(primals, tangents):
         raise TypeError(NO_GRADIENT)
 
     return wrapped
+
+
+def _vmappable(opts: Options):
+    """The kernels as a function of the arrays that jax.vmap maps by folding the mapped axis into the batch
+    (one launch per kernel, as _spmd.wrap does for attention); the xla implementation maps as plain JAX."""
+    @jax.custom_batching.custom_vmap
+    def call(*args):
+        return _kernels(opts, *args)
+
+    @call.def_vmap
+    def _fold(axis_size, in_batched, *args):
+        # unmapped arguments broadcast first: every slice appends to a cache of its own, as vmap means
+        q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras, leftpad = jax.tree.map(
+            lambda x, mapped: x if mapped else jnp.broadcast_to(x, (axis_size, *x.shape)), args, tuple(in_batched))
+        if block_table is not None:  # slice i's pages follow slices 0 .. i-1's; invalid entries stay invalid
+            num_pages = k_cache.shape[1]
+            offset = (jnp.arange(axis_size, dtype=jnp.int32) * num_pages)[:, None, None]
+            block_table = jnp.where((block_table >= 0) & (block_table < num_pages), block_table + offset, -1)
+        folded = jax.tree.map(lambda x: x.reshape(axis_size * x.shape[1], *x.shape[2:]),
+                              (q, k_cache, v_cache, cache_seqlens, k, v, block_table, extras, leftpad))
+        outs = call(*folded)
+        return tuple(x.reshape(axis_size, -1, *x.shape[1:]) for x in outs), (True,) * len(outs)
+
+    return call
 
 
 def _lengths(cache_seqlens, seq_new: int, capacity: int):
@@ -391,7 +418,7 @@ def _xla(opts: Options, q, k_cache, v_cache, cache_seqlens, k, v, block_table, e
         dist = jnp.abs(i + (lengths[:, None, None] - sq) - j).astype(jnp.float32)  # (B, Sq, T)
         s = s - slopes.reshape(b, h_kv, g)[:, :, :, None, None] * dist[:, None, None]
     s = jnp.where(seen[:, None, None], s, -jnp.inf)
-    m = jnp.max(s, axis=-1)
+    m = jnp.max(s, axis=-1, initial=-jnp.inf)  # a cache of capacity 0 has no key
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     p = jnp.exp(s - m[..., None])
     l = jnp.sum(p, axis=-1)  # (B, H_kv, G, Sq)

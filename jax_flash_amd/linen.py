@@ -79,8 +79,9 @@ class FlashSelfAttention(nn.Module):
     masks are independent per batch element and head, so ``broadcast_dropout`` must stay False.
     ``decode=True`` keeps Flax's autoregressive cache (same variables) and attends to it with
     ``attention_with_kvcache`` (the split-KV decode kernels; the cache index is the cache length), which
-    also takes several positions per call (chunked prefill, causal within the chunk). With a dense
-    ``mask``, ``sow_weights`` or dropout it takes Flax's one position per call, through segment ids.
+    also takes several positions per call (chunked prefill): each new position sees the cache and, with
+    ``causal=True``, the new positions up to itself; with ``causal=False``, all the new positions. With a
+    dense ``mask``, ``sow_weights`` or dropout it takes Flax's one position per call, through segment ids.
     """
     num_heads: int
     dtype: Any = None

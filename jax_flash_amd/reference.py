@@ -216,8 +216,9 @@ def _gradients(st: _Static, q, k_in, v_in, slopes, seeds, q_ids, kv_ids, positio
     dtype = q.dtype
     k, v = _per_query_head(q, k_in, v_in)
     s, dcap, seen = _logits(st, q, k, slopes, q_ids, kv_ids, positions, bias, mask)
-    # Masked before exp: neither P nor its derivatives see inf - inf (empty rows: P = 0)
-    seen = seen & jnp.isfinite(lse)[..., None]
+    # Masked before exp: neither P nor its derivatives see inf - inf (empty rows, lse -inf: P = 0). A NaN
+    # lse (a NaN in the row) stays, so the row's P, dq and its keys' dk, dv are NaN, as in the kernels
+    seen = seen & ~jnp.isneginf(lse)[..., None]
     if own:
         # P: the softmax recomputed in float32 and divided by its own row sum (the kernels use exp(s - lse),
         # the same up to rounding), so a row that sees one key has P exactly 1 however XLA fuses s here and
@@ -227,7 +228,7 @@ def _gradients(st: _Static, q, k_in, v_in, slopes, seeds, q_ids, kv_ids, positio
         row = jnp.sum(e, axis=-1, keepdims=True)
         p = e / jnp.where(row > 0, row, 1.0)
     else:  # this block's part of the whole call's softmax: only the whole call's lse normalises it
-        p = jnp.where(seen, jnp.exp(s - jnp.where(jnp.isfinite(lse), lse, 0.0)[..., None]), 0.0)
+        p = jnp.where(seen, jnp.exp(s - jnp.where(jnp.isneginf(lse), 0.0, lse)[..., None]), 0.0)
     dp = jnp.einsum("bqhd,bkhd->bhqk", dout, v, preferred_element_type=jnp.float32, precision=_HIGHEST)
     pd = p
     if st.dropout_p > 0:  # the forward's mask: Pd = P * keep * keep_scale feeds dV, and dP is masked alike

@@ -37,6 +37,8 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
 
 from jax_flash_amd import _dispatch, _spmd, api, fp8, plan, reference
 from jax_flash_amd.operands import Operands
@@ -55,7 +57,9 @@ def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: f
       q, k, v: this device's shard: (batch, seq_q / n, heads_q, head_dim) and (batch, seq_k / n,
         heads_kv, head_dim), n = the size of axis_name; heads_q a multiple of heads_kv (GQA). Shards in
         the order of `layout`.
-      axis_name: the mesh axis the sequence is split over (every device of it holds one shard).
+      axis_name: the mesh axis the sequence is split over (every device of it holds one shard), or a tuple of
+        mesh axes in any order, the first major, as PartitionSpec lays the sequence over them
+        (P(None, ("b", "a")) with axis_name=("b", "a")).
       causal: query position p sees key position p' iff p' <= p (global positions; needs seq_q == seq_k).
       softmax_scale, softcap, implementation: as in `jax_flash_amd.attention`.
       window_size: (left, right) as in `attention`, over global positions (bottom-right aligned on the
@@ -67,7 +71,8 @@ def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: f
         where shard_map also splits batch or heads, the mask is not the unsharded call's, and the
         same key gives every such shard the same mask (fold the shard's index into the key to avoid it).
       q_segment_ids, kv_segment_ids: this device's (batch, seq / n) ids, as in `attention` (kv ids travel
-        with their K/V block).
+        with their K/V block). Any integer type: converted to int32 alike on every device (64-bit ids by their
+        rank among all devices' ids, an all_gather of the ids).
       layout: how global positions are laid over the devices (matters with causal, window, ALiBi or
         dropout).
         "contiguous": device i holds positions [i S/n, (i+1) S/n). Causal work is unbalanced (device i
@@ -101,9 +106,10 @@ def ring_attention(q, k, v, *, axis_name, causal: bool = False, softmax_scale: f
     slopes = api._check_slopes(alibi_slopes, q.shape[0], q.shape[2])
     scale = api._check_scale(softmax_scale, q.shape[-1])
     dropout_p = api._check_dropout(dropout_p, dropout_rng)
-    q_ids, kv_ids = api._check_segment_ids(q_segment_ids, kv_segment_ids, q.shape[:2], k.shape[:2])
-    impl = _dispatch.choose_implementation(implementation)
     n = _axis_size(axis_name)
+    q_ids, kv_ids = api._check_segment_ids(*_shared_ids(q_segment_ids, kv_segment_ids, axis_name),
+                                           q.shape[:2], k.shape[:2])
+    impl = _dispatch.choose_implementation(implementation)
     sq, sk = q.shape[1], k.shape[1]
     if causal and sq != sk:
         raise ValueError(f"causal ring_attention needs equal query and key shards; got seq_q / n = {sq}, "
@@ -145,6 +151,55 @@ def _axis_size(axis_name) -> int:
                         "axis of q, k, v split over it.") from e
 
 
+def _shared_ids(q_ids, kv_ids, axis_name):
+    """The segment ids in int32 numbered alike on every device of the ring: kv ids travel to devices that
+    compare them with their own q ids, so a renumbering by each device's own ids (api._int32_ids, for
+    traced wide ids) would pair different segments. Types int32 holds exactly are cast; uint32 is
+    shifted down by 2^31 (equality and order kept); 64-bit ids become their rank among the row's ids of
+    every device of the axis (an all_gather of the ids; equality and order kept). Ids that are not
+    integer arrays of rank 2 are returned as given, for api._check_segment_ids to refuse."""
+    given = [x for x in (q_ids, kv_ids) if x is not None]
+    if not given or not all(hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.integer) and getattr(x, "ndim", 0) == 2
+                            for x in given):
+        return q_ids, kv_ids
+    common = jnp.dtype(functools.reduce(jnp.promote_types, (x.dtype for x in given)))
+    if not jnp.issubdtype(common, jnp.integer) or jax.dtypes.canonicalize_dtype(common) != common:
+        types = ", ".join(f"{name} {x.dtype}" for name, x in (("q_segment_ids", q_ids), ("kv_segment_ids", kv_ids))
+                          if x is not None)
+        raise TypeError(f"segment ids ({types}) have no common integer type that JAX holds here (64-bit types need "
+                        "jax_enable_x64; unsigned and signed 64-bit have none): pass the ids in one integer type")
+    if common.itemsize < 4 or common == jnp.int32:
+        def convert(x):
+            return jnp.asarray(x, jnp.int32)
+    elif common == jnp.uint32:
+        def convert(x):
+            return jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.uint32) ^ jnp.uint32(1 << 31), jnp.int32)
+    else:
+        local = [jnp.asarray(x, common) for x in given]
+        pool = jnp.sort(jnp.concatenate([jax.lax.all_gather(x, axis_name, axis=1, tiled=True) for x in local], 1), 1)
+
+        def convert(x):
+            return jax.vmap(jnp.searchsorted)(pool, jnp.asarray(x, common)).astype(jnp.int32)
+
+    return tuple(None if x is None else convert(x) for x in (q_ids, kv_ids))
+
+
+def _ring_order(axis_name, n: int) -> list[tuple[int, int]]:
+    """ppermute's (source, destination) pairs that hand each device's block to the next device of the ring.
+    The ring numbers devices as lax.axis_index and PartitionSpec do, over a tuple of mesh axes in the order
+    given (the first major); ppermute numbers them in the mesh's own axis order."""
+    names = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    mesh_names = tuple(jax.sharding.get_abstract_mesh().axis_names)
+    ordered = tuple(sorted(names, key=mesh_names.index)) if set(names) <= set(mesh_names) else names
+    sizes = {a: jax.lax.axis_size(a) for a in names}
+
+    def permute_index(d):
+        coords = dict(zip(names, np.unravel_index(d, [sizes[a] for a in names])))
+        return int(np.ravel_multi_index([coords[a] for a in ordered], [sizes[a] for a in ordered]))
+
+    return [(permute_index(d), permute_index((d + 1) % n)) for d in range(n)]
+
+
 def zigzag(x, n: int, axis: int = 1):
     """x with its `axis` cut in 2n equal chunks reordered 0, 2n-1, 1, 2n-2, ..., n-1, n: sharded over n
     devices afterwards, device i holds chunks i and 2n-1-i (ring_attention's layout="zigzag")."""
@@ -162,8 +217,13 @@ def _reorder(x, n: int, axis: int, order):
     if x.shape[axis] % (2 * n):
         raise ValueError(f"zigzag over {n} devices cuts the axis in {2 * n} equal chunks: its length "
                          f"{x.shape[axis]} must be a multiple of {2 * n}")
-    chunks = x.reshape(*x.shape[:axis], 2 * n, x.shape[axis] // (2 * n), *x.shape[axis + 1:])
-    return jnp.take(chunks, jnp.asarray(order), axis=axis).reshape(x.shape)
+
+    def reorder(x):
+        chunks = x.reshape(*x.shape[:axis], 2 * n, x.shape[axis] // (2 * n), *x.shape[axis + 1:])
+        return jnp.take(chunks, jnp.asarray(order), axis=axis).reshape(x.shape)
+
+    # on Explicit meshes with those axes made Auto: the gather has no Explicit rule along a sharded axis
+    return _spmd.auto_axes(reorder, (x,), PartitionSpec(*_spmd.partition_spec(x)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,7 +315,7 @@ def _circulate(cfg: _Ring, fixed, moving, local, step):
     (what a step accumulates into the block: sent after it) travel d -> d + 1. `moving` makes n hops,
     so it ends on the device it started on. Returns (moving, local)."""
     n = cfg.size
-    perm = [(d, (d + 1) % n) for d in range(n)]
+    perm = _ring_order(cfg.axis_name, n)
 
     def send(tree):
         return jax.tree.map(lambda x: jax.lax.ppermute(x, cfg.axis_name, perm), tree)

@@ -30,7 +30,7 @@ def _mesh(n, shape=None, names=("seq",)):
 def _ring(mesh, layout="contiguous", seq_axis="seq", data_axis=None, ids=False, **kw):
     """f(q, k, v[, q_ids, kv_ids]) -> (out, lse) on global arrays in natural order: zig-zagged if asked,
     sequence sharded over seq_axis (batch over data_axis), ring_attention, and back."""
-    n = mesh.shape[seq_axis]
+    n = int(np.prod([mesh.shape[a] for a in (seq_axis if isinstance(seq_axis, tuple) else (seq_axis,))]))
     seq, ids_spec, lse_spec = P(data_axis, seq_axis), P(data_axis, seq_axis), P(data_axis, None, seq_axis)
     inner = jax.shard_map(
         lambda q, k, v, *i: ring.ring_attention(q, k, v, axis_name=seq_axis, layout=layout, return_lse=True,
@@ -364,3 +364,92 @@ def test_causal_blocks_after_ours_are_skipped(monkeypatch, layout, window, launc
                               mesh=_mesh(4), in_specs=spec, out_specs=spec))
     jax.block_until_ready(f(q))
     assert seen.count("attn_fwd") == launches, seen
+
+
+def _big_ids(ids, dtype):
+    """ids (int32, 0 .. 7) mapped one to one onto values of dtype beyond int32 where it has them (uint32's top
+    half; 64-bit values far outside int32, negative ones for int64)."""
+    ids = np.asarray(ids, np.int64)
+    if dtype == np.uint32:
+        return (ids.astype(np.uint64) * 2**29 + 7).astype(np.uint32)
+    if dtype == np.int64:
+        return ids * 2**40 - 2**45
+    if dtype == np.uint64:
+        return ids.astype(np.uint64) * np.uint64(2**61) + np.uint64(5)
+    return ids.astype(dtype)
+
+
+@pytest.mark.parametrize("impl, dtype", [("xla", np.uint32), ("xla", np.int8), ("xla", np.uint16),
+                                         ("interpret", np.uint32), ("xla", np.int64), ("xla", np.uint64),
+                                         ("interpret", np.int64)],
+                         ids=["xla-uint32", "xla-int8", "xla-uint16", "interpret-uint32", "xla-int64-x64",
+                              "xla-uint64-x64", "interpret-int64-x64"])
+def test_segment_ids_of_every_integer_type(impl, dtype):
+    """Segment ids of any integer type mean the same on every device (kv ids travel to devices that compare
+    them with their own q ids): the ring equals the unsharded call with int32 ids of the same pattern. 64-bit
+    types under jax_enable_x64."""
+    n, local = 4, 16
+    wide = np.dtype(dtype).itemsize == 8
+    with jax.enable_x64(wide):
+        q, k, v, dout, dlse = inputs((B, n * local, H, D), (B, n * local, HKV, D), jnp.float32, seed=15)
+        ids = _segments(B, n * local)
+        big = tuple(jnp.asarray(_big_ids(x, dtype)) for x in ids)
+        assert all(x.dtype == dtype for x in big)
+        kw = dict(causal=True, softcap=2.0)
+        got = _vjp(_ring(_mesh(n), "zigzag", ids=True, implementation=impl, **kw), q, k, v, dout, dlse, *big)
+        want = _unsharded(impl, q, k, v, dout, dlse, ids, **kw)
+    _assert_same(got, want, TOL)
+
+
+@pytest.mark.parametrize("names, layout, extra", [
+    (("b", "a"), "contiguous", {}), (("b", "a"), "zigzag", {}), (("a", "b"), "zigzag", {}),
+    (("b", "a"), "zigzag", dict(window_size=(20, 0), alibi=True)),
+], ids=["b-a-contiguous", "b-a-zigzag", "a-b-zigzag", "b-a-zigzag-window-alibi"])
+def test_sequence_over_two_mesh_axes_in_either_order(names, layout, extra):
+    """axis_name a tuple of mesh axes in the mesh's order or not: the sequence laid out as P(None, names) (the
+    first major), the ring hands blocks on in that order."""
+    mesh = _mesh(8, (2, 4), ("a", "b"))
+    q, k, v, dout, dlse = inputs((B, 8 * 16, H, D), (B, 8 * 16, HKV, D), jnp.float32, seed=16)
+    kw = _keyed(dict(causal=True, **extra))
+    got = _vjp(_ring(mesh, layout, seq_axis=names, implementation="xla", **kw), q, k, v, dout, dlse)
+    _assert_same(got, _unsharded("xla", q, k, v, dout, dlse, **kw), TOL)
+
+
+def test_interpreter_sequence_over_two_mesh_axes_out_of_order():
+    mesh = _mesh(4, (2, 2), ("a", "b"))
+    q, k, v, dout, dlse = inputs((1, 4 * 16, 2, D), (1, 4 * 16, 1, D), jnp.float32, seed=17)
+    got = _vjp(_ring(mesh, "zigzag", seq_axis=("b", "a"), causal=True, implementation="interpret"), q, k, v, dout,
+               dlse)
+    _assert_same(got, _unsharded("interpret", q, k, v, dout, dlse, causal=True), TOL)
+
+
+def test_readme_ring_recipe_as_printed():
+    """README "Multi-GPU, multi-host, vmap": the ring snippet verbatim (an Auto mesh; the default
+    implementation), as the unsharded call."""
+    q, k, v = inputs((1, 8 * 8, 2, D), (1, 8 * 8, 2, D), jnp.float32, seed=18)[:3]
+    want = jax_flash_amd.attention(q, k, v, causal=True)
+    # --- README, verbatim ---
+    from jax_flash_amd import ring_attention, zigzag, unzigzag
+    mesh = jax.make_mesh((8,), ("seq",), axis_types=(jax.sharding.AxisType.Auto,))
+    spec = P(None, "seq")                                   # (batch, seq, heads, head_dim)
+    ring = jax.shard_map(lambda q, k, v: ring_attention(q, k, v, axis_name="seq", causal=True, layout="zigzag"),
+                         mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
+    out = unzigzag(jax.jit(ring)(*(zigzag(x, 8, axis=1) for x in (q, k, v))), 8, axis=1)
+    # ---
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=TOL, rtol=TOL)
+
+
+def test_ring_recipe_on_an_explicit_mesh():
+    """The ring snippet on jax.make_mesh's default (Explicit) mesh, no context mesh: shard_map then takes inputs
+    already sharded as in_specs (device_put after zigzag), and unzigzag reorders the sharded result."""
+    q, k, v = inputs((1, 8 * 8, 2, D), (1, 8 * 8, 2, D), jnp.float32, seed=18)[:3]
+    want = jax_flash_amd.attention(q, k, v, causal=True)
+    from jax_flash_amd import ring_attention, zigzag, unzigzag
+    mesh = jax.make_mesh((8,), ("seq",))
+    spec = P(None, "seq")                                   # (batch, seq, heads, head_dim)
+    ring = jax.shard_map(lambda q, k, v: ring_attention(q, k, v, axis_name="seq", causal=True, layout="zigzag"),
+                         mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
+    q, k, v = (jax.device_put(zigzag(x, 8, axis=1), NamedSharding(mesh, spec)) for x in (q, k, v))
+    out = unzigzag(jax.jit(ring)(q, k, v), 8, axis=1)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=TOL, rtol=TOL)
+    assert out.sharding.is_equivalent_to(NamedSharding(mesh, spec), 4)

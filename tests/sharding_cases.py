@@ -6,6 +6,7 @@ forward and its vjp): the Triton interpreter, which runs the kernels on a CPU, i
 JAX crashes on callbacks lowered inside a custom_partitioning rule (jax-ml/jax#23620), so the
 interpreter path is left unpartitioned; it is checked for correct results under sharding and inside
 shard_map. The compiled kernels take the partitioned path on GPUs (the GPU suite, 2 GPUs)."""
+import contextlib
 import re
 import warnings
 
@@ -160,10 +161,18 @@ def test_interpreter_under_sharding_and_shard_map(mesh):
 
 
 AXIS_TYPES = [jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit]
+# every mesh-typed case runs on Auto and Explicit meshes (jax.make_mesh's default), each with and without a
+# context mesh (jax.set_mesh): arrays put on an Explicit mesh carry it in their types, with no context
+MESHES = pytest.mark.parametrize("axis_type, context", [(t, c) for t in AXIS_TYPES for c in (False, True)],
+                                 ids=["auto", "auto-context", "explicit", "explicit-context"])
 
 
 def _typed_mesh(axis_type):
     return jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
+
+
+def _context(mesh, on: bool):
+    return jax.set_mesh(mesh) if on else contextlib.nullcontext()
 
 
 def _small(dtype=jnp.float32):
@@ -179,41 +188,133 @@ def _loss(impl, **kw):
     return loss
 
 
-@pytest.mark.parametrize("axis_type", AXIS_TYPES, ids=["auto", "explicit"])
+def _assert_trees_close(got, want, tol=2e-5):
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=tol, rtol=tol)
+
+
+@MESHES
 @pytest.mark.parametrize("impl", ["interpret", "xla"])
-def test_grad_inside_shard_map(impl, axis_type):
+def test_grad_inside_shard_map(impl, axis_type, context):
     """jax.grad of attention inside the user's own shard_map: the backward's cotangents carry the
     primals' varying axes (a custom_vjp type check failed before)."""
     mesh = _typed_mesh(axis_type)
     q, k, v, ct = _small()
     spec = P("data", None, "model", None)
     grad = jax.grad(_loss(impl), argnums=(0, 1, 2))
-    f = jax.jit(jax.shard_map(grad, mesh=mesh, in_specs=(spec,) * 4, out_specs=(spec,) * 3))
-    args = [jax.device_put(x, NamedSharding(mesh, spec)) for x in (q, k, v, ct)]
-    for got, want in zip(f(*args), grad(q, k, v, ct)):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=2e-5)
+    with _context(mesh, context):
+        f = jax.jit(jax.shard_map(grad, mesh=mesh, in_specs=(spec,) * 4, out_specs=(spec,) * 3))
+        got = f(*[jax.device_put(x, NamedSharding(mesh, spec)) for x in (q, k, v, ct)])
+    _assert_trees_close(got, grad(q, k, v, ct))
 
 
-@pytest.mark.parametrize("axis_type", AXIS_TYPES, ids=["auto", "explicit"])
+@MESHES
 @pytest.mark.parametrize("impl", ["interpret", "xla"])
-def test_sharded_segment_ids_and_sequence_under_jit(impl, axis_type):
-    """Batch-sharded segment ids, and a sequence-sharded q/k/v (gathered, with the warning), on Auto
-    and Explicit meshes (jax.make_mesh's default), forward and backward."""
+def test_sharded_segment_ids_under_jit(impl, axis_type, context):
+    """Batch-sharded segment ids with batch- and head-sharded q/k/v, forward and backward."""
     mesh = _typed_mesh(axis_type)
     q, k, v, ct = _small()
     ids = jnp.broadcast_to(jnp.arange(24) * 3 // 24, (4, 24)).astype(jnp.int32)
     grad = jax.value_and_grad(lambda q, k, v, ct, ids: _loss(impl, q_segment_ids=ids)(q, k, v, ct), argnums=(0, 1, 2))
-    want = grad(q, k, v, ct, ids)
-    with jax.set_mesh(mesh):
+    with _context(mesh, context):
         heads = NamedSharding(mesh, P("data", None, "model", None))
         args = [jax.device_put(x, heads) for x in (q, k, v, ct)] + [jax.device_put(ids, NamedSharding(mesh, P("data")))]
         got = jax.jit(grad)(*args)
-        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=2e-5)
+    _assert_trees_close(got, grad(q, k, v, ct, ids))
+
+
+@MESHES
+@pytest.mark.parametrize("impl", ["interpret", "xla"])
+def test_sequence_sharded_under_jit(impl, axis_type, context):
+    """A sequence-sharded q/k/v (gathered, with the warning), forward and backward."""
+    mesh = _typed_mesh(axis_type)
+    q, k, v, ct = _small()
+    plain = jax.value_and_grad(_loss(impl), argnums=(0, 1, 2))
+    with _context(mesh, context), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the gather warning (test_sequence_sharding_is_gathered_with_a_warning)
         seq = NamedSharding(mesh, P("data", "model", None, None))
-        plain = jax.value_and_grad(_loss(impl), argnums=(0, 1, 2))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the gather warning (test_sequence_sharding_is_gathered_with_a_warning)
-            got = jax.jit(plain)(*[jax.device_put(x, seq) for x in (q, k, v, ct)])
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(plain(q, k, v, ct))):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=2e-5)
+        got = jax.jit(plain)(*[jax.device_put(x, seq) for x in (q, k, v, ct)])
+    _assert_trees_close(got, plain(q, k, v, ct))
+
+
+def test_readme_sharding_recipe_as_printed():
+    """README "Multi-GPU, multi-host, vmap": the sharding snippet verbatim (an Explicit mesh, no context mesh;
+    the default implementation), then the same with batch-sharded segment ids; as the unsharded call."""
+    q, k, v, _ = _small()
+    ids = jnp.broadcast_to(jnp.arange(24) * 3 // 24, (4, 24)).astype(jnp.int32)
+    want = jax_flash_amd.attention(q, k, v, causal=True)
+    want_ids = jax_flash_amd.attention(q, k, v, causal=True, q_segment_ids=ids)
+    # --- README, verbatim ---
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    spec = NamedSharding(mesh, P("data", None, "model", None))   # (batch, seq, heads, head_dim)
+    q, k, v = (jax.device_put(x, spec) for x in (q, k, v))
+    out = jax.jit(lambda q, k, v: jax_flash_amd.attention(q, k, v, causal=True))(q, k, v)
+    # ---
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-6, rtol=2e-6)
+    assert out.sharding.is_equivalent_to(spec, 4)
+    ids = jax.device_put(ids, NamedSharding(mesh, P("data", None)))
+    out = jax.jit(lambda q, k, v, ids: jax_flash_amd.attention(q, k, v, causal=True, q_segment_ids=ids))(q, k, v, ids)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want_ids), atol=2e-6, rtol=2e-6)
+    assert out.sharding.is_equivalent_to(spec, 4)
+
+
+@MESHES
+@pytest.mark.parametrize("impl", ["interpret", "xla"])
+def test_kvcache_append_on_sharded_batch(impl, axis_type, context):
+    """attention_with_kvcache with new keys on batch- and head-sharded q, caches and new keys (a Flax decode
+    step on a sharded batch): out, lse and the appended caches as the unsharded call's; on an Explicit mesh
+    the caches keep their sharding."""
+    mesh = _typed_mesh(axis_type)
+    rng = np.random.default_rng(5)
+    f = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)  # noqa: E731
+    q, kc, vc, kn, vn = f(4, 3, 4, 16), f(4, 19, 4, 16), f(4, 19, 4, 16), f(4, 2, 4, 16), f(4, 2, 4, 16)
+    lens = jnp.asarray([5, 0, 17, 9], jnp.int32)
+
+    def call(q, kc, vc, lens, kn, vn):
+        return jax_flash_amd.attention_with_kvcache(q, kc, vc, lens, k=kn, v=vn, return_lse=True, implementation=impl)
+
+    want = call(q, kc, vc, lens, kn, vn)
+    spec = NamedSharding(mesh, P("data", None, "model", None))
+    with _context(mesh, context):
+        got = jax.jit(call)(*(jax.device_put(x, spec) for x in (q, kc, vc)),
+                            jax.device_put(lens, NamedSharding(mesh, P("data"))),
+                            *(jax.device_put(x, spec) for x in (kn, vn)))
+    _assert_trees_close(got, want, 1e-6)
+    if axis_type == jax.sharding.AxisType.Explicit:
+        for cache in got[2:]:
+            assert cache.sharding.is_equivalent_to(spec, 4), cache.sharding
+
+
+@MESHES
+def test_zigzag_on_a_sharded_sequence(axis_type, context):
+    """zigzag / unzigzag of a sequence sharded over both mesh axes: the unsharded reorder; on an Explicit mesh
+    the result keeps the sharding."""
+    mesh = _typed_mesh(axis_type)
+    x = jnp.arange(2 * 32 * 3, dtype=jnp.float32).reshape(2, 32, 3)
+    sh = NamedSharding(mesh, P(None, ("data", "model")))
+    with _context(mesh, context):
+        z = jax.jit(lambda x: jax_flash_amd.zigzag(x, 8))(jax.device_put(x, sh))
+        back = jax_flash_amd.unzigzag(z, 8)
+    np.testing.assert_array_equal(np.asarray(z), np.asarray(jax_flash_amd.zigzag(x, 8)))
+    np.testing.assert_array_equal(np.asarray(back), np.asarray(x))
+    if axis_type == jax.sharding.AxisType.Explicit:
+        assert z.sharding.is_equivalent_to(sh, 3) and back.sharding.is_equivalent_to(sh, 3)
+
+
+@MESHES
+@pytest.mark.parametrize("impl", ["interpret", "xla"])
+def test_eager_calls_on_sharded_arrays(impl, axis_type, context):
+    """Outside jit: attention with batch-sharded segment ids, and a KV-cache append, on sharded arrays."""
+    mesh = _typed_mesh(axis_type)
+    q, k, v, _ = _small()
+    ids = jnp.broadcast_to(jnp.arange(24) * 3 // 24, (4, 24)).astype(jnp.int32)
+    lens = jnp.asarray([5, 0, 17, 9], jnp.int32)
+    want = (jax_flash_amd.attention(q, k, v, causal=True, q_segment_ids=ids, implementation=impl),
+            jax_flash_amd.attention_with_kvcache(q[:, :2], k, v, lens, k=k[:, :3], v=v[:, :3], implementation=impl))
+    sh = NamedSharding(mesh, P("data", None, "model", None))
+    with _context(mesh, context):
+        q, k, v = (jax.device_put(x, sh) for x in (q, k, v))
+        ids, lens = (jax.device_put(x, NamedSharding(mesh, P("data"))) for x in (ids, lens))
+        got = (jax_flash_amd.attention(q, k, v, causal=True, q_segment_ids=ids, implementation=impl),
+               jax_flash_amd.attention_with_kvcache(q[:, :2], k, v, lens, k=k[:, :3], v=v[:, :3], implementation=impl))
+    _assert_trees_close(got, want, 1e-6)

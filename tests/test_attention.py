@@ -205,3 +205,43 @@ def test_empty_sequences():
     assert np.isneginf(np.asarray(lse)).all() and lse.shape == (2, 2, 5)
     out = jax_flash_amd.attention(k, q, q)
     assert out.shape == k.shape
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS + ["xla"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_nan_in_a_query_row_propagates_as_in_float64(impl, causal):
+    """The NaN policy of attention's docstring, alike in every implementation: a NaN in query row r (head 1)
+    makes r's out, lse and dq NaN and dk, dv NaN for the keys r sees, as float64 does; every other row's out,
+    lse and dq are those of the same call with r finite."""
+    sq, sk, r = 37, 45, 23
+    q, k, v, dout, dlse = inputs((1, sq, 2, 32), (1, sk, 2, 32), jnp.float32, seed=8)
+    bad = q.at[0, r, 1, 5].set(jnp.nan)
+    got = {name: np.asarray(x, np.float64) for name, x in run(impl, bad, k, v, dout, dlse, causal=causal).items()}
+    clean = {name: np.asarray(x, np.float64) for name, x in run(impl, q, k, v, dout, dlse, causal=causal).items()}
+    ref = oracle.attention(bad, k, v, dout, dlse, causal=causal)
+    seen = r + sk - sq + 1 if causal else sk  # keys 0 .. seen - 1
+    for result in (got, ref):
+        assert np.isnan(result["out"][0, r, 1]).all() and np.isnan(result["lse"][0, 1, r])
+        assert np.isnan(result["dq"][0, r, 1]).all()
+        assert np.isnan(result["dk"][0, :seen, 1]).all() and np.isnan(result["dv"][0, :seen, 1]).all()
+    rows = np.ones((sq, 2), bool)
+    rows[r, 1] = False  # every (row, head) but the NaN one
+    for name, x in (("out", lambda t: t[0][rows]), ("dq", lambda t: t[0][rows]), ("lse", lambda t: t[0].T[rows])):
+        assert np.isfinite(x(got[name])).all(), name
+        np.testing.assert_allclose(x(got[name]), x(clean[name]), rtol=1e-6, atol=1e-6, err_msg=name)
+    for name in ("dk", "dv"):  # head 0 never meets the NaN
+        np.testing.assert_allclose(got[name][:, :, 0], clean[name][:, :, 0], rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS + ["xla"])
+@pytest.mark.parametrize("scale", [2.0 ** -126, 1e3, 2.0 ** 16], ids=["2^-126", "1e3", "2^16"])
+def test_softmax_scale_range_ends_match_float64(impl, scale):
+    """The accepted softmax_scale range (attention's docstring: [2**-126, 2**16], results within float32
+    precision of float64 while |scale * q.k| <= 2**16) at its ends: normal inputs, and at 2**16 unit-length
+    queries and keys (|q.k| <= 1). Larger scales raise (test_errors)."""
+    q, k, v, dout, dlse = inputs((1, 37, 2, 32), (1, 45, 2, 32), jnp.float32, seed=9)
+    if scale == 2.0 ** 16:
+        q, k = (x / jnp.linalg.norm(x, axis=-1, keepdims=True) for x in (q, k))
+    got = run(impl, q, k, v, dout, dlse, causal=True, softmax_scale=scale)
+    base = run("xla", q, k, v, dout, dlse, causal=True, softmax_scale=scale)
+    assert_close(got, oracle.attention(q, k, v, dout, dlse, causal=True, scale=scale), base, jnp.float32)

@@ -59,7 +59,9 @@ IDS = jnp.zeros((1, 8), jnp.int32)
     ((Q, Q, Q), {"softmax_scale": 1e39}, ValueError, "softmax_scale must be a normal float32"),
     ((Q, Q, Q), {"softmax_scale": 1e-40}, ValueError, "softmax_scale must be a normal float32"),
     ((Q, Q, Q), {"softcap": 1e-40}, ValueError, "softcap must be 0 or a normal float32"),
-    ((Q, Q, Q), {"softcap": 1e39}, ValueError, "softcap must be 0 or a normal float32"),
+    ((Q, Q, Q), {"softmax_scale": 1e38}, ValueError, r"softmax_scale must be a normal float32 .* 2\*\*16"),
+    ((Q, Q, Q), {"softmax_scale": 2.0 ** 16 * 1.01}, ValueError, r"softmax_scale must be .* 2\*\*16"),
+    ((Q, Q, Q), {"softcap": float("inf")}, ValueError, "softcap must be a finite number"),
     ((Q, Q, Q), {"q_segment_ids": [[0] * 8]}, TypeError, "q_segment_ids must be an integer array"),
     ((Q, Q[:, :4], Q[:, :4]), {"q_segment_ids": IDS}, ValueError, "kv_segment_ids is needed too"),
 ])

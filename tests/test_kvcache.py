@@ -408,6 +408,78 @@ def test_aliases_reach_jax_triton(monkeypatch, jt):
         assert [s.shape for s in calls[0]["out_shape"]] == [(4, 8), (4, 8), (1,), (1,)]
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("seq_new", [0, 2])
+def test_cache_of_capacity_zero(impl, seq_new):
+    """A contiguous cache with room for no key: out 0, lse -inf (as attention over no key), with new keys
+    or without; with new keys the row attends to those alone."""
+    rng = np.random.default_rng(3)
+    q = jnp.asarray(rng.standard_normal((2, 3, 4, 16)), jnp.float32)
+    empty = jnp.zeros((2, 0, 2, 16), jnp.float32)
+    if seq_new == 0:
+        out, lse = jax_flash_amd.attention_with_kvcache(q, empty, empty, 0, return_lse=True, implementation=impl)
+        assert (np.asarray(out) == 0).all() and np.isneginf(np.asarray(lse)).all()
+        return
+    with pytest.raises(ValueError, match="at most the cache capacity 0"):
+        new = jnp.ones((2, seq_new, 2, 16), jnp.float32)
+        jax_flash_amd.attention_with_kvcache(q, empty, empty, 0, k=new, v=new, implementation=impl)
+
+
+def _vmap_cases(rng, paged: bool):
+    """The arguments of a vmapped call over 3 slices of batch 2, every one mapped: q, the caches (contiguous,
+    or paged with unused table entries -1), lengths, new keys and values, the block table (or None)."""
+    f = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)  # noqa: E731
+    q, new_k, new_v = f(3, 2, 3, 4, 16), f(3, 2, 2, 2, 16), f(3, 2, 2, 2, 16)
+    lens = jnp.asarray([[3, 10], [0, 20], [7, 1]], jnp.int32)
+    if paged:
+        caches = (f(3, 6, 16, 2, 16), f(3, 6, 16, 2, 16))
+        table = jnp.asarray([[[0, 3], [5, -1]], [[1, 2], [4, 0]], [[2, 5], [3, 1]]], jnp.int32)
+        return q, *caches, lens, new_k, new_v, table
+    caches = (f(3, 2, 24, 2, 16), f(3, 2, 24, 2, 16))
+    return q, *caches, lens, new_k, new_v, None
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", ["contiguous", "paged", "shared-cache", "nested"])
+def test_vmap_equals_a_call_per_slice(impl, case):
+    """jax.vmap over attention_with_kvcache (the kernels fold the mapped axis into the batch): out, lse and the
+    updated caches of each slice are those of a call on that slice alone."""
+    def call(q, kc, vc, lens, k, v, table):
+        return jax_flash_amd.attention_with_kvcache(q, kc, vc, lens, k=k, v=v, block_table=table, return_lse=True,
+                                                    num_splits=1, implementation=impl)
+
+    args = _vmap_cases(np.random.default_rng(4), case == "paged")
+    in_axes = (0,) * 6 + (None if args[6] is None else 0,)
+    if case == "shared-cache":  # one cache for every slice: each slice appends to its own copy
+        args = (args[0], args[1][0], args[2][0], args[3][0], *args[4:])
+        in_axes = (0, None, None, None, 0, 0, None)
+    if case == "nested":  # 3 x 2 slices of batch 1
+        split = lambda x: None if x is None else x.reshape(x.shape[0], x.shape[1], 1, *x.shape[2:])  # noqa: E731
+        args = tuple(split(x) for x in args)
+        got = jax.jit(jax.vmap(jax.vmap(call, in_axes=in_axes[:6] + (None,)), in_axes=in_axes[:6] + (None,)))(*args)
+        per_slice = [[call(*(x[i, j] for x in args[:6]), None) for j in range(2)] for i in range(3)]
+        want = [[np.stack([per_slice[i][j][n] for j in range(2)]) for i in range(3)] for n in range(4)]
+    else:
+        got = jax.jit(jax.vmap(call, in_axes=in_axes))(*args)
+        per_slice = [call(*(x if a is None else x[i] for x, a in zip(args, in_axes))) for i in range(3)]
+        want = [[w[n] for w in per_slice] for n in range(4)]
+    for name, g, w in zip(("out", "lse", "k_cache", "v_cache"), got, want):
+        np.testing.assert_allclose(np.asarray(g), np.stack(w), rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_softcap_from_softcap_off_is_plain_attention(impl):
+    """attention's softcap rule: from api.SOFTCAP_OFF on (here up to float32's maximum) the cap is off."""
+    from jax_flash_amd import api
+
+    case = _case(2, 3, 4, 2, 16, [5, 17], 24, 2, jnp.float32, seed=6)
+    plain = _call(impl, case)
+    for softcap in (api.SOFTCAP_OFF, 1e38, 3.4e38):
+        got = _call(impl, case, softcap=softcap)
+        for name in ("out", "lse"):
+            np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(plain[name]), err_msg=name)
+
+
 # ----- Flax: decoding step by step (and a prefill chunk) equals the full causal forward -----
 
 X = jax.random.normal(jax.random.key(0), (2, 11, 48), jnp.float32)
@@ -449,6 +521,20 @@ def test_flax_decode_equals_causal_forward(impl, _fp32_matmuls):
     _close(model(X[:, :5]), full[:, :5])
     for i in range(5, X.shape[1]):
         _close(model(X[:, i:i + 1])[:, 0], full[:, i])
+
+
+def test_linen_decode_chunk_is_causal_only_with_causal(_fp32_matmuls):
+    """A prefill chunk through linen's decode: with causal=False every new position sees the whole chunk (the
+    non-causal forward), with causal=True the positions up to itself; the docstring says so."""
+    doc = " ".join(jax_flash_amd.FlashSelfAttention.__doc__.split())
+    assert "causal within the chunk" not in doc and "with ``causal=False``, all the new positions" in doc
+    for causal in (False, True):
+        layer = jax_flash_amd.FlashSelfAttention(num_heads=4, causal=causal, implementation="xla")
+        params = layer.init(jax.random.key(1), X)
+        step = jax_flash_amd.FlashSelfAttention(num_heads=4, causal=causal, decode=True, implementation="xla")
+        cache = step.init(jax.random.key(1), X)["cache"]
+        out, _ = step.apply({**params, "cache": cache}, X[:, :6], mutable=["cache"])
+        _close(out, layer.apply(params, X[:, :6]))
 
 
 # ----- errors -----

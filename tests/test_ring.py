@@ -7,4 +7,4 @@ from helpers import ON_GPU, run_on_8_host_devices
 
 @pytest.mark.skipif(ON_GPU, reason="host-device ring cases run on CPU machines")
 def test_ring_cases_on_8_host_devices():
-    run_on_8_host_devices("ring_cases.py", at_least=48)
+    run_on_8_host_devices("ring_cases.py", at_least=60)

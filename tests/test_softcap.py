@@ -11,6 +11,7 @@ import triton.language as tl
 
 import oracle
 from helpers import KERNEL_IMPLS, assert_close, inputs, run
+from jax_flash_amd import api
 from jax_flash_amd.kernels import scores
 
 SOFTCAPS = [1e-2, 50.0, 1e3, 1e4, 1e5, 1e7]
@@ -40,6 +41,28 @@ def test_huge_softcap_is_plain_attention(impl):
         a, b = np.asarray(capped[name], np.float64), np.asarray(plain[name], np.float64)
         scale = np.max(np.abs(b))
         assert np.max(np.abs(a - b)) <= 16 * np.finfo(np.float32).eps * scale, name
+
+
+# softcap's whole accepted range above 1e7: just below api.SOFTCAP_OFF (honoured) and from it on (off), up to
+# float32's maximum and beyond; float32 cannot tell any of them from plain attention
+HUGE_SOFTCAPS = [2.0 ** 101, 2.0 ** 102, 1e37, 1e38, 1e39]
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS + ["xla"])
+@pytest.mark.parametrize("softcap", HUGE_SOFTCAPS, ids=lambda c: f"cap{c:g}")
+def test_huge_softcaps_match_float64(impl, softcap):
+    """Every accepted softcap is within float32 precision of float64 (attention's docstring): at these sizes
+    c tanh(x / c) is x to float64's precision, so the same-dtype computation is plain attention; from
+    SOFTCAP_OFF on the cap is off, bit for bit plain attention (there the quotient x / c would fall into
+    float32's subnormals, which XLA and the GPUs flush to zero)."""
+    q, k, v, dout, dlse = inputs(SHAPE_Q, SHAPE_K, jnp.float32, seed=5, q_scale=3.0)
+    got = run(impl, q, k, v, dout, dlse, softcap=softcap)
+    plain = run(impl, q, k, v, dout, dlse)
+    assert_close(got, oracle.attention(q, k, v, dout, dlse, softcap=softcap), run("xla", q, k, v, dout, dlse),
+                 jnp.float32)
+    if softcap >= api.SOFTCAP_OFF:
+        for name in ("out", "lse", "dq", "dk", "dv"):
+            np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(plain[name]), err_msg=name)
 
 
 def _cuda():
