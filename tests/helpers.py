@@ -87,8 +87,9 @@ def assert_close(got, ref, base, dtype, names=("out", "lse", "dq", "dk", "dv")):
     # q.k^T (forward) and k.q^T (dK/dV), which OpenBLAS's AVX2 kernel ("Haswell", also chosen on AMD
     # Zen 1-3) rounds differently, while its AVX-512 kernel (and the older ones tried) does not. So q x 30
     # logits (|lse| <= 133, test_large_logits_stay_finite) give dv errors of 1.1e-4 on one x86-64 CPU
-    # and 2.4e-5 on another, against base's 1.5e-5 (benchmarks/fp32_large_logits.py); this term allows
-    # 2.3e-4. At ordinary logit scales it is about the 1e-6 floor, and at 16 bits far below eps.
+    # and 2.4e-5 on another, against base's 1.5e-5 (git show 20f7913:benchmarks/fp32_large_logits.py);
+    # this term allows 2.3e-4. At ordinary logit scales it is about the 1e-6 floor, and at 16 bits far
+    # below eps.
     lse = ref["lse"][np.isfinite(ref["lse"])] if "lse" in ref else np.zeros(0)
     f32_floor = max(1e-6, 2 * float(jnp.finfo(jnp.float32).eps) * (np.max(np.abs(lse)) if lse.size else 0.0))
     for name in names:

@@ -37,7 +37,7 @@ def _check(arch, head_dims, dtypes):
     proc = subprocess.Popen([sys.executable, "-m", "jax_flash_amd.amd_report", "--check", "--arch", arch,
                              "--head-dims", head_dims, "--dtypes", dtypes, "--jobs", str(jobs)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            process_group=0)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -56,7 +56,8 @@ def test_large_logits_stay_finite(impl, dtype):
     # |lse| up to 133: in float32 the logits' own rounding (~1e-5 absolute) dominates P's error, and how
     # much of it a kernel's backward cancels depends on its dot's summation order, in the interpreter on
     # the CPU's BLAS kernel (dv 1.1e-4 with OpenBLAS's AVX2 kernel, 2.4e-5 with its AVX-512 one):
-    # helpers.assert_close allows 2 eps32 max|lse| for it (benchmarks/fp32_large_logits.py measures it)
+    # helpers.assert_close allows 2 eps32 max|lse| for it (measured by
+    # git show 20f7913:benchmarks/fp32_large_logits.py)
     got = _check(impl, 1, 150, 150, 2, 64, dtype, causal=False, q_scale=30.0)
     for name, x in got.items():
         assert np.isfinite(np.asarray(x.astype(jnp.float32))).all(), name
