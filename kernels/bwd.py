@@ -707,9 +707,9 @@ def attn_bwd_dbias(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Bia
             if MASK:
                 mask = dense_plane(Mask, b, h, seq_q, seq_k, H, MASK)
             bias = dense_plane(Bias, b, h, seq_q, seq_k, H, BIAS)
-            start = dense_start(bias, mask, offs_m[:, None], offs_n[None, :], seq_q, seq_k, sm_scale,
-                                [BLOCK_M, BLOCK_N], BIAS, MASK, SOFTCAP)
-            s, scale2, dlogit = scores(tl.dot(q, tl.trans(k), start, input_precision="ieee"), offs_m[:, None],
+            s0 = dense_start(bias, mask, offs_m[:, None], offs_n[None, :], seq_q, seq_k, sm_scale,
+                             [BLOCK_M, BLOCK_N], BIAS, MASK, SOFTCAP)
+            s, scale2, dlogit = scores(tl.dot(q, tl.trans(k), s0, input_precision="ieee"), offs_m[:, None],
                                        offs_n[None, :], load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)[:, None],
                                        load_ids(KSeg, b, offs_n, seq_k, SEGMENTS)[None, :], seq_q, seq_k, lo, hi,
                                        diag, sm_scale, softcap, slope, MASKED=True, BANDED=BANDED, SEGMENTS=SEGMENTS,

@@ -30,6 +30,7 @@ def _probe(impl, p, rng, b=2, sq=50, h=3, sk=64, causal=False, window=(-1, -1)):
     return f, (q, k, v)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (20, 0))],
                          ids=["full", "causal", "narrow-window"])  # the window takes other blocks (16 keys)
@@ -53,6 +54,7 @@ def test_mask_is_the_reference_mask_and_backward_uses_it(impl, causal, window):
     np.testing.assert_allclose(np.asarray(dv), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_same_key_same_result_other_key_other_mask(impl):
     f1, args = _probe(impl, 0.5, jax.random.key(3))
@@ -125,7 +127,7 @@ def test_a_blocks_keys_from_its_start_draw_the_same_mask(start_m, start_n):
     _interpret.check_available()
     bm, bn, p = 16, 64, 0.3
     seeds = reference.dropout_seeds(jax.random.key(4), 1, 2)
-    plain, from_start = _interpret.run(_launch._launch(
+    plain, from_start = _interpret.run(_launch.launch(
         _masks, grid=(1,), inputs=dict(Seeds=seeds.astype(jnp.int32), start_m=start_m, start_n=start_n),
         out_shapes=(jax.ShapeDtypeStruct((bm, bn), jnp.int32),) * 2,
         constexprs=dict(THRESHOLD=rules.dropout_threshold(p), BM=bm, BN=bn), options={}))
@@ -157,7 +159,7 @@ def test_the_backwards_ds_from_the_mask_or_from_p_keep():
     rng = np.random.default_rng(0)
     p, dp = rng.uniform(0, 1, (n, n)).astype(np.float32), rng.normal(size=(n, n)).astype(np.float32)
     delta, kept = rng.normal(size=n).astype(np.float32), rng.uniform(size=(n, n)) < 0.7
-    got = _interpret.run(_launch._launch(
+    got = _interpret.run(_launch.launch(
         _ds_both_ways, grid=(1,), inputs=dict(P=jnp.asarray(p), dP=jnp.asarray(dp), Delta=jnp.asarray(delta),
                                               Kept=jnp.asarray(kept, jnp.int32)),
         out_shapes=(jax.ShapeDtypeStruct((n, n), jnp.float32),) * 2, constexprs=dict(THRESHOLD=threshold, N=n),

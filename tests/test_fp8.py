@@ -40,6 +40,7 @@ def _rel_rms(got, want):
     return float(np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2)))
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl,dtype", CASES)
 @pytest.mark.parametrize("kind", ["full", "causal-gqa", "window"])
 def test_fp8_forward_against_float64(impl, dtype, kind):
@@ -111,11 +112,12 @@ def test_keys_last_transposes_every_byte(impl, seq_k, d, mma_order):
     """The fp8 forward's V^T (four keys packed per word, kernels/fwd.py): exact, zero-padded to 16 keys,
     for random bytes over the whole 0..255 range (NaN encodings included), ragged key counts and odd
     head dims; mma_order: position p of each 32 holds key (h, j1, c, j0) for p's bits (h, c, j1, j0)."""
-    from jax_flash_amd import _dispatch, _launch
+    from jax_flash_amd import _dispatch, _launch, plan
     run, target = _dispatch.backend(impl)
     bits = jax.random.randint(jax.random.key(seq_k), (2, seq_k, 3, d), 0, 256, jnp.int32).astype(jnp.uint8)
     v = jax.lax.bitcast_convert_type(bits, FN)
-    vt = jax.jit(lambda v: _launch.keys_last(run, target, v, mma_order))(v)
+    step = plan._keys_last_step(plan.Call.of(target, v, v), mma_order)
+    vt = jax.jit(lambda v: _launch.keys_last(run, step, v))(v)
     pad = -seq_k % 16
     want = np.pad(np.asarray(bits).transpose(0, 2, 3, 1), ((0, 0), (0, 0), (0, 0), (0, pad)))
     if mma_order:
