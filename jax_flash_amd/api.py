@@ -105,7 +105,8 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     """
     q, k, v, extras, opts = _prepare(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p,
                                      dropout_rng, q_segment_ids, kv_segment_ids, q_descale, k_descale, v_descale,
-                                     return_lse, _dispatch.choose_implementation(implementation), bias=bias, mask=mask)
+                                     return_lse, _dispatch.choose_implementation(implementation, dense=bias is not None or mask is not None),
+                                     bias=bias, mask=mask)
     b, sq, h, _ = q.shape
     if q.size == 0 or k.shape[1] == 0:  # nothing to attend to (or nothing to compute): no kernel launch
         out = jnp.zeros(q.shape, jnp.bfloat16 if fp8.is_fp8(q.dtype) else q.dtype)
@@ -174,7 +175,7 @@ def explain(q, k, v, *, target: str | None = None, causal: bool = False, softmax
             raise ValueError("give target or implementation, not both")
         impl = "interpret" if target == "interpret" else "triton"
     else:
-        impl = _dispatch.choose_implementation(implementation)
+        impl = _dispatch.choose_implementation(implementation, dense=bias is not None or mask is not None)
         target = _dispatch.backend(impl)[1] if impl != "xla" else None
     arrays = dict(alibi_slopes=alibi_slopes, dropout_rng=dropout_rng, q_segment_ids=q_segment_ids,
                   kv_segment_ids=kv_segment_ids, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,

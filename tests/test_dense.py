@@ -8,7 +8,7 @@ import pytest
 
 import jax_flash_amd
 import oracle
-from helpers import KERNEL_IMPLS, assert_close, inputs
+from helpers import KERNEL_IMPLS, ON_GPU, assert_close, inputs
 from jax_flash_amd import _launch, reference
 from jax_flash_amd.operands import Operands
 
@@ -95,6 +95,7 @@ def run(impl, q, k, v, dout, dlse, kw):
     return jax.jit(fwd_bwd)(q, k, v, bias, dout, dlse)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_dense_bias_and_mask_against_float64(name, impl):
@@ -110,6 +111,7 @@ def test_dense_bias_and_mask_against_float64(name, impl):
             assert np.all(np.asarray(got["out"], np.float32).transpose(0, 2, 1, 3)[hidden] == 0)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("name", ["bias-heads", "mask-padding", "mask-bias-causal-gqa"])
 @pytest.mark.parametrize("target", ["sm90", "gfx942", "interpret"])
 def test_dense_calls_run_the_triton_kernels(name, target):
@@ -174,6 +176,7 @@ def test_fp8_takes_no_dense_operand():
                                 implementation="xla")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_vmap_over_a_bias_call(impl):
     """vmap folds the mapped axis into the batch: a mapped bias, and an unmapped one broadcast over the batch
@@ -212,3 +215,19 @@ def test_dense_tiles_take_the_dense_rows(target, dense, window, row):
           "padding": dict(mask=jnp.ones((1, 1, 1, 256), bool))}[dense]
     e = jax_flash_amd.explain(q, k, v, target=target, causal=True, window_size=window, **kw)
     assert e.forward.step("fwd").row.name == row
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_dense_calls_run_xla_on_a_gpu_until_opted_in():
+    """Until the dense kernels have passed a GPU run, a default GPU call with a mask or bias runs xla; the Policy's
+    dense_kernels (or implementation="triton") runs the kernels, which agree with it."""
+    q, k, v, _, _ = inputs((2, 64, 4, 64), (2, 64, 4, 64), jnp.bfloat16)
+    mask = jnp.tril(jnp.ones((64, 64), bool))
+    assert jax_flash_amd.explain(q, k, v, mask=mask).implementation == "xla"
+    assert jax_flash_amd.explain(q, k, v).implementation == "triton"
+    with jax_flash_amd.plan.using(jax_flash_amd.plan.Policy(dense_kernels=True)):
+        assert jax_flash_amd.explain(q, k, v, mask=mask).implementation == "triton"
+        out = jax_flash_amd.attention(q, k, v, mask=mask)
+    want = jax_flash_amd.attention(q, k, v, mask=mask, implementation="xla")
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32), atol=3e-2)  # bf16 units
