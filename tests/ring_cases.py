@@ -424,11 +424,11 @@ def test_interpreter_sequence_over_two_mesh_axes_out_of_order():
 
 
 def test_readme_ring_recipe_as_printed():
-    """README "Multi-GPU, multi-host, vmap": the ring snippet verbatim (an Auto mesh; the default
+    """docs/distributed.md "Ring attention": the ring snippet verbatim (an Auto mesh; the default
     implementation), as the unsharded call."""
     q, k, v = inputs((1, 8 * 8, 2, D), (1, 8 * 8, 2, D), jnp.float32, seed=18)[:3]
     want = jax_flash_amd.attention(q, k, v, causal=True)
-    # --- README, verbatim ---
+    # --- docs/distributed.md, verbatim ---
     from jax_flash_amd import ring_attention, zigzag, unzigzag
     mesh = jax.make_mesh((8,), ("seq",), axis_types=(jax.sharding.AxisType.Auto,))
     spec = P(None, "seq")                                   # (batch, seq, heads, head_dim)

@@ -3,7 +3,7 @@ without spills, within LDS, without duplicated MFMA or exp work, with buffer loa
 MI300 forward keeps 2 waves per SIMD (no AMD GPU needed).
 
 The default run checks one arch, head dim and dtype through the report's whole path (subprocess,
-compile workers, table, --check); the full sweep (276 kernels, ~10 min on 2 cores) is marked amd_sweep."""
+compile workers, table, --check); the full sweep (402 kernels) is marked amd_sweep."""
 import json
 import math
 import os
@@ -20,8 +20,8 @@ from jax_flash_amd import _jax_triton_compat, amd_report
 # the cores shared; the margin keeps a slow CI machine from failing a run that is only slow.
 SECONDS_PER_KERNEL = 40
 # AMD runs need jax-triton 0.4.x, hence triton >= 3.7 (_jax_triton_compat.check_supported): the check's thresholds
-# are those of the AMD compilers users get. Triton 3.6 (the H200 image) lowers some loads differently (2026-12-03: 4 of
-# gfx942's 17 kernels with global loads in their loop, dK/dV with dropout among them), a compiler no AMD call runs.
+# are those of the AMD compilers users get. Triton 3.6 (the H200 image) lowers some loads differently (4 of gfx942's
+# 17 kernels with global loads in their loop, dK/dV with dropout among them), a compiler no AMD call runs.
 AMD_TRITON = pytest.mark.skipif(_jax_triton_compat.versions()["triton"] < (3, 7),
                                 reason="the AMD check is for triton >= 3.7 (what jax-triton 0.4.x needs)")
 

@@ -34,6 +34,7 @@ def _check(impl, b, sq, sk, h, d, dtype, causal, seed=0, q_scale=1.0, scale=None
     return got
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -43,6 +44,7 @@ def test_lengths(impl, dtype, causal, sq, sk):
     _check(impl, 2, sq, sk, 2, 64, dtype, causal)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("d", [1, 16, 59, 64, 72, 96, 128, 256])
@@ -50,6 +52,7 @@ def test_head_dims(impl, dtype, d):
     _check(impl, 1, 61, 90, 2, d, dtype, causal=True, seed=d)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 def test_large_logits_stay_finite(impl, dtype):
@@ -63,6 +66,7 @@ def test_large_logits_stay_finite(impl, dtype):
         assert np.isfinite(np.asarray(x.astype(jnp.float32))).all(), name
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("h,h_kv,causal", [(4, 2, True), (6, 1, False), (6, 3, True)], ids=["gqa", "mqa", "gqa3"])
@@ -71,6 +75,7 @@ def test_grouped_query_heads(impl, dtype, h, h_kv, causal):
     _check(impl, 2, 45, 70, h, 40, dtype, causal=causal, h_kv=h_kv, seed=h * 10 + h_kv)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("sq,sk,window", [
@@ -83,11 +88,13 @@ def test_sliding_window(impl, causal, sq, sk, window):
     _check(impl, 1, sq, sk, 2, 48, jnp.float16, causal=causal, window=window, seed=sq + sum(window))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_window_with_grouped_query_heads(impl):
     _check(impl, 2, 90, 90, 4, 32, jnp.bfloat16, causal=True, h_kv=2, window=(31, 0), seed=7)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -97,6 +104,7 @@ def test_softcap(impl, dtype, causal, softcap, q_scale):
     _check(impl, 2, 71, 50, 2, 40, dtype, causal=causal, softcap=softcap, q_scale=q_scale, seed=int(softcap))
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("per_batch", [False, True], ids=["heads", "batch-heads"])
@@ -119,6 +127,7 @@ def _packed_ids(b, seq, lengths, seed):
     return jnp.asarray(rows, jnp.int32)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("layout", ["packed", "packed-ragged", "unsorted"])
@@ -136,6 +145,7 @@ def test_segment_ids(impl, causal, layout):
     _check(impl, 2, sq, sk, 2, 40, jnp.float16, causal=causal, segments=(q_ids, kv_ids), seed=len(layout))
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -144,6 +154,7 @@ def test_dropout(impl, dtype, causal):
     _check(impl, 2, 91, 57, 2, 40, dtype, causal=causal, dropout_p=0.17, seed=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_every_variant_together(impl):
     slopes = jnp.array([0.3, 0.1, 0.2, 0.05], jnp.float32)
@@ -183,6 +194,7 @@ def test_backward_is_deterministic(impl):
         np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]), err_msg=name)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.float16, 2e-2), (jnp.bfloat16, 5e-2)],
                          ids=["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -208,6 +220,7 @@ def test_empty_sequences():
     assert out.shape == k.shape
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", KERNEL_IMPLS + ["xla"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_nan_in_a_query_row_propagates_as_in_float64(impl, causal):
@@ -234,6 +247,7 @@ def test_nan_in_a_query_row_propagates_as_in_float64(impl, causal):
         np.testing.assert_allclose(got[name][:, :, 0], clean[name][:, :, 0], rtol=1e-6, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", KERNEL_IMPLS + ["xla"])
 @pytest.mark.parametrize("scale", [2.0 ** -126, 1e3, 2.0 ** 16], ids=["2^-126", "1e3", "2^16"])
 def test_softmax_scale_range_ends_match_float64(impl, scale):

@@ -113,6 +113,7 @@ def tuning(monkeypatch):
     autotune.forget()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_tunes_once_per_bucket_and_stays_exact(impl, tuning):
     for sq in (40, 29):  # same length bucket: the second call reuses the first call's choices
@@ -134,6 +135,7 @@ def test_off_by_default_and_context_restores():
     assert not autotune.is_enabled()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_tunes_on_the_calls_band(impl, tuning, monkeypatch):
     """A sliding-window call is tuned on its own band, not on a full causal problem, and its key says

@@ -134,6 +134,7 @@ def _bits(x):
     return x.view({2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("layout", ["contiguous", "paged", "batch_idx"])
 @pytest.mark.parametrize("seq_q, seq_new, causal", [(1, 1, True), (5, 5, True), (3, 0, False)],

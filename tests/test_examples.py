@@ -24,6 +24,7 @@ def test_quickstart_cpu():
     assert "TF/s" not in out  # no GPU numbers on a CPU
 
 
+@pytest.mark.slow
 def test_train_gpt_compare(tmp_path):
     out = tmp_path / "runs.jsonl"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # flash takes jax_flash_amd's CPU path
@@ -44,6 +45,7 @@ def test_train_gpt_compare(tmp_path):
     assert (tmp_path / "train_gpt_compare.png").exists()  # matplotlib comes with the test extra
 
 
+@pytest.mark.slow
 def test_train_gpt_data_parallel_matches_one_device(tmp_path):
     # two host devices stand in for two GPUs: the same global batch gives the same losses
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -62,6 +64,7 @@ def test_train_gpt_data_parallel_matches_one_device(tmp_path):
     assert gap < 1e-3, gap
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not ON_CPU, reason="the interpreter runs on CPU-only machines")
 def test_train_gpt_interpret(tmp_path):
     # --implementation interpret sets TRITON_INTERPRET itself: the Triton kernels train the same tiny model

@@ -28,6 +28,7 @@ def _close(a, b, tol=2e-5):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=tol, rtol=tol)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_linen_module_is_flax_module_with_same_parameters(impl, causal):
@@ -42,6 +43,7 @@ def test_linen_module_is_flax_module_with_same_parameters(impl, causal):
     _close(flax_mha.apply(mine, X, mask=mask), ours.apply(mine, X))  # and ours in Flax's
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_nnx_module_matches_flax_with_copied_weights(impl, causal):
@@ -90,6 +92,7 @@ def test_flash_attention_fn_runs_flax_masks_and_biases_in_the_kernels(impl):
         jax_flash_amd.flash_attention_fn(q, q, q, qk_attn_weights_einsum=jnp.einsum)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_flax_module_with_causal_and_padding_masks_trains_as_flax_does(impl):
     """nn.MultiHeadDotProductAttention(attention_fn=flash_attention_fn) with nn.make_causal_mask and a padding mask
@@ -137,6 +140,7 @@ def test_flax_module_with_causal_and_padding_masks_trains_as_flax_does(impl):
     np.testing.assert_allclose(ours, theirs, rtol=2e-2)  # bfloat16 noise, compounded over 20 steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_dropout_is_deterministic_per_rng_in_both_modules(impl):
     layer = jax_flash_amd.FlashSelfAttention(num_heads=4, dropout_rate=0.3, causal=True, implementation=impl)
@@ -199,6 +203,7 @@ class _TinyLM(nn.Module):
         return nn.Dense(64)(nn.LayerNorm()(h))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_jit_training_step_lowers_the_loss(impl):
     tokens = jnp.tile(jnp.arange(24) % 7, (4, 1))  # a repeating pattern a causal model can learn
@@ -234,6 +239,7 @@ def _dense_mask_warning(caught):
     return any("dense mask" in str(w.message) or "Flax's dot_product_attention" in str(w.message) for w in caught)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_linen_module_takes_flax_call_arguments(impl):
     ours = jax_flash_amd.FlashSelfAttention(num_heads=4, qkv_features=48, implementation=impl)
@@ -264,6 +270,7 @@ def test_linen_module_takes_flax_call_arguments(impl):
     assert not np.allclose(np.asarray(a), np.asarray(drop.apply(params, X, deterministic=True)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.filterwarnings("ignore:Using 'Module.sow\\(\\)' outside:DeprecationWarning")  # Flax's, for both modules
 def test_nnx_module_takes_flax_call_arguments(impl):
@@ -293,6 +300,7 @@ def test_nnx_module_takes_flax_call_arguments(impl):
     _close(ours(X, Y[..., :24]), theirs(X, Y[..., :24]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_int64_segment_ids_under_x64(impl):
     ids32 = jnp.asarray([[0] * 20 + [1] * 17, [0] * 5 + [1] * 32], jnp.int32)

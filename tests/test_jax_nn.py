@@ -107,6 +107,7 @@ INTERPRETED = ("causal-more-queries", "window-pair-cross", "mask-random-rows-hid
                "traced-scale", "everything")
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("impl", [*KERNEL_IMPLS, "xla"])

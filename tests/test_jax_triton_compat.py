@@ -32,6 +32,7 @@ def test_which_factory(jt, own, compiled_warps, monkeypatch):
     assert compat.launches_compiled_warps() == compiled_warps
 
 
+@pytest.mark.slow
 def test_kernel_factory_tells_jaxlib_warps_scratch_and_pointer_range():
     """The factory compiles real kernels (CUDA sm90 and gfx942, on the CPU) in a process without the
     interpreter: tests/kernel_factory_cases.py."""

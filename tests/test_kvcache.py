@@ -183,6 +183,7 @@ def _run_check(impl, case, num_splits=0, **kw):
     return got
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
 def test_decode_ragged_lengths(impl, dtype):
@@ -192,6 +193,7 @@ def test_decode_ragged_lengths(impl, dtype):
     _run_check(impl, case, num_splits=3)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("seq_q", [1, 4, 17])
 def test_chunks_on_shuffled_pages(impl, seq_q):
@@ -217,6 +219,7 @@ def test_multi_query_pages_of_32_without_append(impl):
     assert np.all(np.asarray(got["out"][0]) == 0) and np.all(np.isneginf(np.asarray(got["lse"][0])))
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("variant", ["window", "softcap_alibi", "noncausal_window"])
 def test_variants(impl, variant):
@@ -229,6 +232,7 @@ def test_variants(impl, variant):
     _run_check(impl, case, **kw)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e4m3fnuz], ids=["e4m3fn", "e4m3fnuz"])
 def test_fp8_caches(impl, dtype):
@@ -243,6 +247,7 @@ def test_fp8_caches(impl, dtype):
     _run_check(impl, case, softcap=3.0)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("paged, seq_q, splits", [(False, 1, 3), (True, 1, 0), (False, 6, 0), (True, 6, 2)],
                          ids=["decode", "decode_paged", "chunk", "chunk_paged_split"])
@@ -275,6 +280,7 @@ def test_cache_leftpad_sets_the_kernel_flag_only_where_given():
 PAGE_ERROR = r"page_size \(k_cache.shape\[1\] of a paged cache\) must be a multiple of 16"
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("page", [8, 24, 16, 32])
 def test_page_sizes_one_rule_for_every_implementation(page):
     """Every implementation, and the plan of every kernel target, accepts the same page sizes (multiples of
@@ -439,17 +445,21 @@ def _vmap_cases(rng, paged: bool):
     return q, *caches, lens, new_k, new_v, None
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("case", ["contiguous", "paged", "shared-cache", "nested"])
+@pytest.mark.parametrize("case", ["contiguous", "paged", "shared-cache", "nested", "leftpad"])
 def test_vmap_equals_a_call_per_slice(impl, case):
     """jax.vmap over attention_with_kvcache (the kernels fold the mapped axis into the batch): out, lse and the
     updated caches of each slice are those of a call on that slice alone."""
-    def call(q, kc, vc, lens, k, v, table):
+    def call(q, kc, vc, lens, k, v, table, leftpad=None):
         return jax_flash_amd.attention_with_kvcache(q, kc, vc, lens, k=k, v=v, block_table=table, return_lse=True,
-                                                    num_splits=1, implementation=impl)
+                                                    num_splits=1, cache_leftpad=leftpad, implementation=impl)
 
     args = _vmap_cases(np.random.default_rng(4), case == "paged")
     in_axes = (0,) * 6 + (None if args[6] is None else 0,)
+    if case == "leftpad":  # each row's first key, mapped with the batch
+        args += (jnp.asarray([[1, 4], [0, 5], [2, 0]], jnp.int32),)
+        in_axes += (0,)
     if case == "shared-cache":  # one cache for every slice: each slice appends to its own copy
         args = (args[0], args[1][0], args[2][0], args[3][0], *args[4:])
         in_axes = (0, None, None, None, 0, 0, None)
@@ -495,6 +505,7 @@ def _fp32_matmuls():
         yield
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_flax_decode_equals_causal_forward(impl, _fp32_matmuls):
     """linen and nnx (grouped-query, 4 query / 2 kv heads): a 5-position prefill chunk, then one position
@@ -628,6 +639,7 @@ def test_decode_benchmark_report_names_misses():
     assert "vs_xla" not in line and "error: ValueError: no" in md
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(ON_GPU, reason="the CPU path of the example (the GPU script runs it at GPU size)")
 def test_generate_example(tmp_path):
     import json

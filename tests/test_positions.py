@@ -26,6 +26,7 @@ def _vjp(impl, q, k, v, dout, dlse, extras, opts):
     return f(q, k, v, dout, dlse, extras)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", KERNEL_IMPLS + ["xla"])
 @pytest.mark.parametrize("case", ["causal-window-alibi", "window", "dropout", "gqa-causal-window-alibi-dropout"])
 def test_block_of_a_larger_call(impl, case):

@@ -12,6 +12,7 @@ from jax_flash_amd import reference
 F32_EPS = float(jnp.finfo(jnp.float32).eps)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (True, (3, 0)), (False, (-1, -1))],
                          ids=["causal", "causal-local", "full"])
@@ -42,6 +43,7 @@ def _grid(x, step=2.0 ** -12):
     return jnp.round(jnp.asarray(x, jnp.float32) / step) * step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["causal-softcap-alibi-gqa", "empty-rows-window-dropout"])
 def test_second_order_against_float64(case):
     # Hessian-vector products of L = <out, G> + <lse, G_lse> through the custom_vjp's backward, reverse over

@@ -171,6 +171,7 @@ TMA_CASES = {
 }
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("path", ["seven", "edges", "ds", "ds-edges", "ds-by-heads", "ds-edges-by-heads"])
 @pytest.mark.parametrize("case", list(TMA_CASES))
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
@@ -245,6 +246,7 @@ BANDED_CASES = {"window": dict(sq=300, sk=300, window=(20, 7)), "cross": dict(sq
                 "dq-128": dict(sq=300, sk=300, window=(20, 7), dqds=dict(block_m=128, block_n=128))}
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("case", list(BANDED_CASES))
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
 def test_banded_ds_workspace_in_the_interpreter(case):
@@ -335,6 +337,7 @@ DROPOUT_TMA_ROWS = {"fwd": TMA_INTERPRET_ROW, "dkdv": with_(TMA_INTERPRET_ROW, b
                     "dqds": DROPOUT_DS_ROWS["dqds"]}
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("rows", ["pointer", "tma"])
 @pytest.mark.parametrize("case", list(DROPOUT_DS_CASES))
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
@@ -362,6 +365,7 @@ SEVEN_DROPOUT_CASES = {"causal": dict(causal=True, h_kv=2, alibi=False), "gqa-al
                                                                                             alibi=True)}
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("rows", list(SEVEN_DROPOUT_ROWS))
 @pytest.mark.parametrize("case", list(SEVEN_DROPOUT_CASES))
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
@@ -490,6 +494,7 @@ def test_operands_of_a_group_of_heads():
     assert part.seeds is None
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("case", ["causal-window-alibi", "gqa-causal"])
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
 def test_tma_path_as_a_block_of_a_larger_call(case):
@@ -579,6 +584,7 @@ def _tiled_grid_order(Tiles, BANDED: tl.constexpr, GROUP_PROGRAMS: tl.constexpr)
     tl.store(Tiles + p * 2 + 1, row.to(tl.float32))
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("n_blocks, rows, group", [(4, 6, 8), (3, 7, 6), (5, 2, 256), (1, 5, 2), (6, 5, 4), (4, 3, 1)])
 @pytest.mark.parametrize("banded", [0, 1, 3])
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
@@ -602,6 +608,7 @@ def test_tiled_grid_order(n_blocks, rows, group, banded):
     assert got == [tuple(t) for t in plan.tiled_order(n_blocks, rows, banded == 1, group).tolist()]
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("path", ["seven", "ds"])
 @pytest.mark.parametrize("case", ["whole-causal", "cross-causal-rows-empty", "gqa-groups"])
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
@@ -639,6 +646,7 @@ PERSISTENT_CASES = {
 }
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("case", list(PERSISTENT_CASES))
 @pytest.mark.parametrize("path", ["tma", "pointer"])
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
@@ -726,6 +734,7 @@ DKDV_PERSISTENT_CASES = {**{c: v for c, v in PERSISTENT_CASES.items() if c != "s
                          "ring": dict(sq=32, sk=64, causal=True, positions=True)}
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("case", list(DKDV_PERSISTENT_CASES))
 @pytest.mark.parametrize("path", ["seven", "edges", "ds"])
 @pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")

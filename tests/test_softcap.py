@@ -18,6 +18,7 @@ SOFTCAPS = [1e-2, 50.0, 1e3, 1e4, 1e5, 1e7]
 SHAPE_Q, SHAPE_K = (1, 37, 2, 32), (1, 45, 2, 32)  # odd lengths; q = 3 x normal: |x / c| from 1e-8 to 1e3
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", KERNEL_IMPLS + ["xla"])
 @pytest.mark.parametrize("softcap", SOFTCAPS, ids=lambda c: f"cap{c:g}")
 def test_softcap_forward_and_backward_match_float64(impl, softcap):
@@ -48,6 +49,7 @@ def test_huge_softcap_is_plain_attention(impl):
 HUGE_SOFTCAPS = [2.0 ** 101, 2.0 ** 102, 1e37, 1e38, 1e39]
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", KERNEL_IMPLS + ["xla"])
 @pytest.mark.parametrize("softcap", HUGE_SOFTCAPS, ids=lambda c: f"cap{c:g}")
 def test_huge_softcaps_match_float64(impl, softcap):

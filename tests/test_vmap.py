@@ -29,6 +29,7 @@ def _close(a, b):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=2e-3, rtol=2e-3)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 @pytest.mark.parametrize("in_axes", [(0, 0, 0, 0), (0, None, None, 0), (None, 0, 0, None)],
                          ids=["all-mapped", "q-mapped", "kv-mapped"])
@@ -62,6 +63,7 @@ def test_nested_vmap_and_other_axis(impl):
         _close(out[i], f(q[i], k[i], v[i]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNEL_IMPLS + ["xla"])
 def test_vmap_over_dropout_keys_and_segment_ids(impl):
     # per-example keys and ids are folded into the batch with their rows: the same masks as a loop
