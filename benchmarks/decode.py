@@ -19,8 +19,8 @@ their error.
 
 Bandwidth: bytes of K and V read per call (2 x batch x length x heads_kv x D x 2) / time, and its fraction
 of the copy bandwidth (a jitted x + 1 over a 2 GiB bf16 array: bytes read + written / time). Targets
-(README): ours >= 70% of the copy rate, >= 2x Pallas (the faster of its two contiguous forms), >= 3x
-XLA (the faster of the two), paged <= 1.1x contiguous. max_err: max |out - xla's out| (both bf16). JSON
+(the project's; docs/performance.md "KV-cache decode"): ours >= 70% of the copy rate, >= 2x Pallas (the faster
+of its two contiguous forms), >= 3x XLA (the faster of the two), paged <= 1.1x contiguous. max_err: max |out - xla's out| (both bf16). JSON
 and markdown go to benchmarks/results/<gpu>_decode.json / .md.
 """
 from __future__ import annotations

@@ -128,10 +128,10 @@ def run_case(c) -> dict:
 
 def markdown(rows) -> str:
     lines = ["| case | B | N | H | variant fwd / bwd / f+b ms | baseline fwd / bwd / f+b ms | ratio fwd / bwd / f+b "
-             "| target | met |", "|" + "---|" * 9]
+             "| temp MB variant / baseline | target | met |", "|" + "---|" * 10]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['case']} | {r['B']} | {r['N']} | {r['H']} | error: {r['error'][:80]} | | | | |")
+            lines.append(f"| {r['case']} | {r['B']} | {r['N']} | {r['H']} | error: {r['error'][:80]} | | | | | |")
             continue
         v, b, x = r["variant"], r["baseline"], r["ratios"]
         ms = lambda t: " / ".join(f"{t[k]:.3f}" if k in t else "-" for k in ("fwd_ms", "bwd_ms", "fwdbwd_ms"))  # noqa
@@ -139,7 +139,7 @@ def markdown(rows) -> str:
         met = {True: "yes", False: "**no**"}.get(r.get("met"), "-")
         lines.append(f"| {r['case']} | {r['B']} | {r['N']} | {r['H']} | {ms(v)} | {ms(b)} | "
                      f"{' / '.join(f'{x[k]:.2f}' if k in x else '-' for k in ('fwd_ms', 'bwd_ms', 'fwdbwd_ms'))} "
-                     f"| {target} | {met} |")
+                     f"| {v.get('temp_mb', '-')} / {b.get('temp_mb', '-')} | {target} | {met} |")
     return "\n".join(lines) + "\n"
 
 

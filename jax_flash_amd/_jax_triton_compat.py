@@ -1,7 +1,7 @@
 """The one place that knows jax-triton's versions: how a launch's compile options reach Triton, and the
 workarounds each known version needs.
 
-Supported pairs (README, "Running on AMD"):
+Supported pairs (docs/amd.md, "Running on AMD"):
 - jax-triton 0.3.x + triton 3.6 (Python >= 3.10): its kernel factory is replaced by ours
   (_kernel_factory.py), which passes every option of a config row (AMD's waves_per_eu, ...), the AMD
   pointer-range attribute (buffer loads), and tells jaxlib the compiled warp count and the global scratch
