@@ -12,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULES = ["jax_flash_amd.amd_report", "benchmarks.attention", "benchmarks.variants", "benchmarks.decode",
            "benchmarks.gpt", "benchmarks.scaling", "benchmarks.ring", "benchmarks.profile_kernels",
-           "benchmarks.dropout_stats", "benchmarks.sweep", "benchmarks.docs"]
+           "benchmarks.dropout_stats", "benchmarks.sweep", "benchmarks.docs", "benchmarks.compiled_code"]
 SCRIPTS = sorted(f for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py"))
 TOOLS = MODULES + [f"examples/{f}" for f in SCRIPTS]
 
