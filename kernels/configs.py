@@ -162,8 +162,8 @@ def _hip(arch: str) -> dict[str, tuple[Row, ...]]:
         tables["fwd+fp8"] = _with(fwd, 128, "-fp8", block_n=64)
     # a dense bias or mask tile per block: the rows that spilled with it (amd_report --check, kinds bias and mask)
     if a == "gfx942":
-        tables["fwd+dense"] = _with(_with(fwd, 64, "-dense", block_n=32), 128, "-dense", edges_first=False,
-                                    matrix_instr_nonkdim=16)
+        tables["fwd+dense"] = _with(_with(_with(fwd, 64, "-dense", block_n=32), 128, "-dense", edges_first=False,
+                                          matrix_instr_nonkdim=16), 256, "-dense", block_n=32)
     if a == "gfx950":
         tables["fwd+dense"] = _with(fwd, 128, "-dense", block_n=32)
     return tables
