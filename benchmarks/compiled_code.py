@@ -259,7 +259,8 @@ def as_launch(job: dict, jax=None, kernel=None):
 
     kernel = kernel or getattr(importlib.import_module(job["module"]), job["name"])
     return types.SimpleNamespace(kernel=kernel, args=tuple(map(array, job["args"])),
-                                 out_shapes=tuple(map(array, job["out_shapes"])), constexprs=job["constexprs"])
+                                 out_shapes=tuple(map(array, job["out_shapes"])), constexprs=job["constexprs"],
+                                 compile_options=job["options"])
 
 
 # ----- compiling and measuring (worker processes) -----
