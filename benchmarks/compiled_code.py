@@ -150,7 +150,7 @@ class Call:
 
 
 def sm90_calls() -> list[Call]:
-    """Every sm90 config row (the record prints any it misses) through the paths that choose them; float32 and
+    """Every sm90 config row through the paths that choose them; float32 and
     D 32 only where they take rows of their own (float32 the next width's), float16 once (bfloat16's rows)."""
     C = functools.partial(Call, "sm90")
     bf16, fp32, fp8 = "bfloat16", "float32", "float8_e4m3fn"
@@ -211,20 +211,20 @@ KV_CACHE = {"sm90": [(d, dtype) for d in (64, 128, 256) for dtype in ("bfloat16"
             "amd": [(64, "bfloat16"), (128, "bfloat16"), (256, "bfloat16"), (256, "float32")]}
 
 
-# ----- recording, coverage -----
+# ----- recording -----
 def record_calls(targets) -> tuple[dict, dict]:
     """({call id: [launch entries]}, {key: compile job})."""
     api = internals()
     calls, jobs = {}, {}
     for target in targets:
-        recorded = []  # (call id, launch, head dim, dtype, kind)
+        recorded = []  # (call id, launch)
         for call in sm90_calls() if target == "sm90" else amd_calls(target):
-            recorded += [(call.id(), launch, call.d, call.dtype, "") for launch in api.attention(target, call)]
+            recorded += [(call.id(), launch) for launch in api.attention(target, call)]
         # the KV cache: a call per launch kvcache names (decode, combine, append, paged, chunked prefill, fp8)
         for d, dtype in KV_CACHE["sm90" if target == "sm90" else "amd"]:
-            recorded += [(f"{target} kvcache D{d} {dtype} {name}", launch, d, dtype, "")
+            recorded += [(f"{target} kvcache D{d} {dtype} {name}", launch)
                          for name, launch in api.kvcache(target, d, dtype)]
-        for call_id, launch, d, dtype, kind in recorded:
+        for call_id, launch in recorded:
             job = compile_job(api, target, launch)
             jobs.setdefault(job["key"], job)
             calls.setdefault(call_id, []).append(dict(kernel=launch.kernel.__name__, grid=list(launch.grid),

@@ -103,10 +103,10 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
       >>> out = jax_flash_amd.attention(q, k, v, causal=True)
       >>> dq = jax.grad(lambda q: jax_flash_amd.attention(q, k, v).astype(jnp.float32).sum())(q)
     """
+    impl = _dispatch.choose_implementation(implementation, dense=bias is not None or mask is not None)
     q, k, v, extras, opts = _prepare(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p,
                                      dropout_rng, q_segment_ids, kv_segment_ids, q_descale, k_descale, v_descale,
-                                     return_lse, _dispatch.choose_implementation(implementation, dense=bias is not None or mask is not None),
-                                     bias=bias, mask=mask)
+                                     return_lse, impl, bias=bias, mask=mask)
     b, sq, h, _ = q.shape
     if q.size == 0 or k.shape[1] == 0:  # nothing to attend to (or nothing to compute): no kernel launch
         out = jnp.zeros(q.shape, jnp.bfloat16 if fp8.is_fp8(q.dtype) else q.dtype)

@@ -48,7 +48,7 @@ class Policy:
     rows: tuple[tuple[str, Any], ...] = ()
     compute_units: int | None = None
     compiled_warps: bool | None = None
-    dense_kernels: bool = False  # default GPU calls with a dense bias or mask run them (_dispatch.choose_implementation)
+    dense_kernels: bool = False  # GPU calls with a dense bias or mask run the kernels (_dispatch.choose_implementation)
 
     def replace(self, **change) -> Policy:
         """A copy with fields changed; limits may be given as their own fields (narrow_window=0, ...)."""

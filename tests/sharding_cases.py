@@ -72,7 +72,8 @@ def _stand_in_kernels(group=1):
     partition = _spmd._partition
     _spmd._partition = lambda *a: PARTITION_CALLS.append(a[0]) or partition(*a)
     try:
-        fwd_rule, bwd_rule = _spmd.rules(tuple(spec.axes for spec in OPERANDS.values() if not spec.dense))  # every per-row one
+        # every per-row optional operand (the stand-ins take no dense bias or mask)
+        fwd_rule, bwd_rule = _spmd.rules(tuple(spec.axes for spec in OPERANDS.values() if not spec.dense))
         return fwd, bwd, _spmd.wrap(fwd, fwd_rule, group), _spmd.wrap(bwd, bwd_rule, group)
     finally:
         _spmd._partition = partition
