@@ -191,12 +191,13 @@ def test_one_arch_passes_the_check():
 def test_default_configs_pass_on_every_amd_arch():
     table = _check(",".join(amd_report.AMD_ARCHS), "64,128,256", "float16,bfloat16")
     for arch in amd_report.AMD_ARCHS:
-        for kernel in ("fwd", "dkdv", "dq", "fwd+dropout", "dkdv+dropout", "dq+dropout"):
+        for kernel in ("fwd", "dkdv", "dq", "fwd+dropout", "dkdv+dropout", "dq+dropout", "fwd+bias", "dkdv+bias",
+                       "dq+bias", "dbias+bias", "fwd+mask", "dkdv+mask", "dq+mask"):
             for d in (64, 128, 256):
                 assert f"| {arch} | {kernel} | {d} | bfloat16 |" in table and f"| {arch} | {kernel} | {d} | float16 |" in table
     for arch, fp8_type in (("gfx942", "float8_e4m3fnuz"), ("gfx950", "float8_e4m3fn")):  # the fp8 forward
         for d in (64, 128, 256):
             assert f"| {arch} | fwd | {d} | {fp8_type} | no |" in table and f"| {arch} | fwd | {d} | {fp8_type} | yes |" in table
-    # 3 archs x 3 head dims x 2 dtypes x 14 kernels (9 attention, 5 KV-cache), and 2 fp8 forwards per
-    # head dim on gfx942 and gfx950, and the fp8-cache decode per head dim and dtype there
-    assert table.count("\n| gfx") == 276
+    # 3 archs x 3 head dims x 2 dtypes x 21 kernels (9 attention, 7 dense bias/mask, 5 KV-cache), and 2 fp8
+    # forwards per head dim on gfx942 and gfx950, and the fp8-cache decode per head dim and dtype there
+    assert table.count("\n| gfx") == 402
