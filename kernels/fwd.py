@@ -83,31 +83,25 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col,
                TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, POSITIONS: tl.constexpr, BIAS: tl.constexpr,
                MASK: tl.constexpr):
     """Key blocks of [lo, hi) then [lo2, hi2). TMA (one span, lo2 == hi2): K and V tiles from the
-    descriptors k_desc / v_desc at (kv_row + start_n, kv_col), in one plain strided loop (what Triton's
-    warp-specialisation pass partitions); else pointer loads from k_base / v_base."""
+    descriptors k_desc / v_desc at (kv_row + start_n, kv_col), the loop striding over start_n itself (what Triton's
+    warp-specialisation pass partitions); else pointer loads from k_base / v_base, the loop over the blocks of both
+    spans (span_block). One loop serves both (constexpr bounds), so that _fwd_block's call is written once."""
     offs_d = tl.arange(0, BLOCK_D)
-    if TMA:
-        for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for n in tl.range(lo if TMA else 0, hi if TMA else span_blocks(lo, hi, lo2, hi2, BLOCK_N), BLOCK_N if TMA else 1,
+                      warp_specialize=WARP_SPECIALIZE):
+        if TMA:
+            start_n = n
             k = k_desc.load([kv_row + start_n, kv_col])
-            acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_row, kv_col, start_n, start_m, seq_q,
-                                       seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids,
-                                       KSeg, b, seed, bias, mask, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
-                                       BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                                       MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                                       DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, TMA=TMA,
-                                       POSITIONS=POSITIONS, BIAS=BIAS, MASK=MASK)
-    else:
-        for i in range(0, span_blocks(lo, hi, lo2, hi2, BLOCK_N)):
-            start_n = span_block(i, lo, hi, lo2, BLOCK_N)
+        else:
+            start_n = span_block(n, lo, hi, lo2, BLOCK_N)
             k = load_tile(k_base, start_n + tl.arange(0, BLOCK_N), offs_d, STRIDE_KV, seq_k, HEAD_DIM, MASKED,
                           BLOCK_D != HEAD_DIM)  # [BN, BD]
-            acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_row, kv_col, start_n, start_m, seq_q,
-                                       seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids,
-                                       KSeg, b, seed, bias, mask, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
-                                       BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                                       MASKED=MASKED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                                       DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, TMA=TMA,
-                                       POSITIONS=POSITIONS, BIAS=BIAS, MASK=MASK)
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k, v_base, v_desc, kv_row, kv_col, start_n, start_m, seq_q, seq_k,
+                                   lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
+                                   bias, mask, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                                   BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED, SOFTCAP=SOFTCAP,
+                                   ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2,
+                                   TMA=TMA, POSITIONS=POSITIONS, BIAS=BIAS, MASK=MASK)
     return acc, l_i, m_i
 
 
@@ -275,24 +269,15 @@ def _fwd_tile(start_m, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg,
         # key blocks every row sees, unmasked, and those at the band's edges, masked (one loop, both spans);
         # EDGES_FIRST: the masked ones first; EDGES == 2: those only
         for i in tl.static_range(2):
-            if (i == 0) == EDGES_FIRST:
+            EDGE: tl.constexpr = (i == 0) == EDGES_FIRST  # this pass: the edges' spans, else the unmasked blocks
+            if EDGE or EDGES != 2:
                 acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col,
-                                           start, full_start, full_end, end, start_m, seq_q, seq_k, lo_off, hi_off,
-                                           diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
-                                           bias, mask, MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
-                                           BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                                           SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                                           DROP_THRESHOLD=DROP_THRESHOLD,
-                                           P8_LOG2=P8_LOG2, TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS,
-                                           BIAS=BIAS, MASK=MASK)
-            elif EDGES != 2:
-                acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col,
-                                           full_start, full_end, full_end, full_end, start_m, seq_q, seq_k, lo_off,
-                                           hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
-                                           bias, mask, MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
-                                           BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                                           SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                                           DROP_THRESHOLD=DROP_THRESHOLD,
+                                           start if EDGE else full_start, full_start if EDGE else full_end, full_end,
+                                           end if EDGE else full_end, start_m, seq_q, seq_k, lo_off, hi_off, diag,
+                                           pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed, bias, mask,
+                                           MASKED=EDGE, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                                           BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
+                                           ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
                                            P8_LOG2=P8_LOG2, TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS,
                                            BIAS=BIAS, MASK=MASK)
 

@@ -179,6 +179,18 @@ def segment_span(Ranges, b, block, n_blocks, lo, hi, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def segment_bounds(Ranges, b, start, seq, lo, full_lo, full_hi, hi, BLOCK: tl.constexpr, OTHER: tl.constexpr,
+                   SEGMENTS: tl.constexpr):
+    """The tail of key_blocks and query_blocks, written once: for the block of BLOCK from start (of seq), with
+    SEGMENTS [lo, hi) narrowed by segment_span (multiples of OTHER) and all of it masked; else as they are."""
+    if SEGMENTS:
+        lo, hi = segment_span(Ranges, b, start // BLOCK, tl.cdiv(seq, BLOCK), lo, hi, OTHER)
+        full_lo = lo
+        full_hi = lo
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
 def key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, Ranges, b, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BANDED: tl.constexpr, SEGMENTS: tl.constexpr):
     """Keys a query block [start_m, start_m + BLOCK_M) of batch b must visit: (start, full_start,
@@ -202,11 +214,7 @@ def key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, Ranges, b, BLOCK_M: tl.con
         full_start = tl.maximum(full_start, start)
         full_end = tl.maximum(tl.minimum(start_m + hi_off + 1, seq_k), 0) // BLOCK_N * BLOCK_N
         full_end = tl.maximum(full_end, full_start)
-    if SEGMENTS:
-        start, end = segment_span(Ranges, b, start_m // BLOCK_M, tl.cdiv(seq_q, BLOCK_M), start, end, BLOCK_N)
-        full_start = start
-        full_end = start
-    return start, full_start, full_end, end
+    return segment_bounds(Ranges, b, start_m, seq_q, start, full_start, full_end, end, BLOCK_M, BLOCK_N, SEGMENTS)
 
 
 @triton.jit
@@ -235,11 +243,7 @@ def query_blocks(start_n, seq_q, seq_k, lo_off, hi_off, Ranges, b, BLOCK_M: tl.c
                               full_begin)
     if start_n + BLOCK_N > seq_k:
         full_end = full_begin
-    if SEGMENTS:
-        begin, end = segment_span(Ranges, b, start_n // BLOCK_N, tl.cdiv(seq_k, BLOCK_N), begin, end, BLOCK_M)
-        full_begin = begin
-        full_end = begin
-    return begin, full_begin, full_end, end
+    return segment_bounds(Ranges, b, start_n, seq_k, begin, full_begin, full_end, end, BLOCK_N, BLOCK_M, SEGMENTS)
 
 
 @triton.jit
