@@ -36,17 +36,34 @@ from jax_flash_amd.timing import median_seconds
 
 TOKENS, HIDDEN = 16384, 2048
 IMPLS = ("jax_flash_amd", "xla", "cudnn", "pallas_triton")
+# timed only when --impls names them: our backward in linear memory (plan.Policy(linear_backward=True)), its dQ
+# summed in key-block order, or by atomics (deterministic=False)
+OPTIONAL = ("jax_flash_amd_linear", "jax_flash_amd_atomics")
 KEYS = ("impl", "B", "N", "H", "H_kv", "D", "causal", "dtype")
 LLAMA_NS = (2048, 4096, 8192, 16384, 32768)
 
 
+def _linear(deterministic: bool):
+    import jax_flash_amd
+    from jax_flash_amd import plan
+
+    def attention(q, k, v, causal):
+        with plan.using(plan.Policy(linear_backward=True)):  # the call's options carry it to its backward
+            return jax_flash_amd.attention(q, k, v, causal=causal, implementation="triton",
+                                           deterministic=deterministic)
+
+    return attention
+
+
 def peers() -> dict:
-    """name -> f(q, k, v, causal) for each implementation importable here (keys of IMPLS)."""
+    """name -> f(q, k, v, causal) for each implementation importable here (keys of IMPLS and OPTIONAL)."""
     import jax_flash_amd
 
     fns = {
         "jax_flash_amd": lambda q, k, v, causal: jax_flash_amd.attention(q, k, v, causal=causal,
                                                                          implementation="triton"),
+        "jax_flash_amd_linear": _linear(True),
+        "jax_flash_amd_atomics": _linear(False),
         "xla": lambda q, k, v, causal: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla"),
         "cudnn": lambda q, k, v, causal: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                                       implementation="cudnn"),
@@ -246,7 +263,7 @@ def plot(rows: list[dict], path: str, title: str) -> bool:
     for i, d in enumerate(ds):
         for j, (metric, causal) in enumerate(panels):
             ax = axes[i][j]
-            for impl in IMPLS:
+            for impl in IMPLS + OPTIONAL:
                 pts = sorted((r["N"], r[metric]) for r in rows if r["impl"] == impl and r["D"] == d
                              and r["causal"] == causal and r["dtype"] == "bfloat16" and r["N"] <= 16384
                              and r.get(metric))
@@ -283,7 +300,8 @@ def write_reports(rows: list[dict], json_path: str, title: str) -> None:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.attention", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--impls", default=",".join(IMPLS), help="comma-separated attention implementations to time")
+    ap.add_argument("--impls", default=",".join(IMPLS),
+                    help=f"comma-separated attention implementations to time; also {', '.join(OPTIONAL)}")
     ap.add_argument("--n", default="512,1024,2048,4096,8192,16384", help="comma-separated sequence lengths")
     ap.add_argument("--d", default="64,128,256", help="comma-separated head dims")
     ap.add_argument("--causal", choices=("no", "yes", "both"), default="both",

@@ -87,10 +87,11 @@ class Options:
     softcap: float = 0.0  # > 0: logits capped with softcap * tanh(logits / softcap)
     dropout_p: float = 0.0  # > 0: Operands.seeds holds the dropout seeds
     policy: plan.Policy = plan.DEFAULT  # plan.active() where the call was made
+    deterministic: bool = True  # False: the backward may sum in an order that varies
 
     @property
     def statics(self) -> _launch.Statics:
-        return _launch.Statics(self.softmax_scale, self.band, self.softcap, self.dropout_p)
+        return _launch.Statics(self.softmax_scale, self.band, self.softcap, self.dropout_p, self.deterministic)
 
 
 def attention(q, k, v, extras: Operands, opts: Options):

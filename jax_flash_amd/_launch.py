@@ -47,6 +47,7 @@ class Statics:
     band: rules.Band = rules.Band()
     softcap: float = 0.0
     dropout_p: float = 0.0
+    deterministic: bool = True  # False: the backward may sum in an order that varies (plan.Call.deterministic)
 
 
 interpreted = plans.interpreted
@@ -230,7 +231,10 @@ def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Oper
     """(dq, dk, dv) for cotangents dout (like out) and dlse (of the natural lse); lse2 as forward returns it. With
     a dense bias, (dq, dk, dv, dbias)."""
     plan = plans.plan_backward(call_of(target, q, k, extras, statics, rows, policy))
-    if plan.step("dqds") is None:
+    if plan.step("dkdv").kernel == "attn_bwd_dkdv_dq":
+        delta = _delta(out, dout, dlse)
+        dq, dk, dv = _linear(plan, run, q, k, v, dout, lse2, delta, extras, statics)
+    elif plan.step("dqds") is None:
         (dq, dk, dv), delta = _seven_products(plan, run, q, k, v, out, lse2, dout, dlse, extras, statics)
     else:
         kv_heads, group = k.shape[2], q.shape[2] // k.shape[2]
@@ -275,6 +279,28 @@ def _ds_path(plan: Plan, run: Run, q, k, v, lse2, delta, dout, extras: Operands,
                               **{n: scalars[n] for n in ("seq_q", "seq_k", "lo_off", "hi_off")}),
                          (jax.ShapeDtypeStruct(q.shape, q.dtype),), extras))
     return dq, dk, dv
+
+
+def _linear(plan: Plan, run: Run, q, k, v, dout, lse2, delta, extras: Operands, statics: Statics):
+    """The linear backward: dK, dV and the float32 sum of dS K in one pass (a SPLIT row's dV in a second launch),
+    the sum in place in zeroed buffers (aliased to the outputs), then scaled and cast."""
+    step, dv_step = plan.step("dkdv"), plan.step("dv")
+    b, sq, h, _ = q.shape
+    locks = (b, h, _cdiv(sq, step.flags["BLOCK_M"])) if step.flags["DQ"] == 2 else (1,)
+    inputs = dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, step.flags["BLOCK_N"], q, k), dOut=dout, Lse=lse2,
+                  Delta=delta, DQAcc=jnp.zeros(q.shape, jnp.float32), Locks=jnp.zeros(locks, jnp.int32),
+                  **_scalars(q, k, statics))
+    outs = (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+            jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct(locks, jnp.int32))
+    params = _params(bwd.attn_bwd_dkdv_dq)
+    one = _of_step(step, bwd.attn_bwd_dkdv_dq, inputs, outs, extras)
+    dk, dv, dq, _ = run(dataclasses.replace(one, aliases=((params.index("DQAcc"), 2), (params.index("Locks"), 3))))
+    if dv_step is not None:  # a SPLIT row: dV's programs hold one accumulator too
+        _, dv, _, _ = run(_of_step(dv_step, bwd.attn_bwd_dkdv_dq, dict(inputs, DQAcc=_placeholder(),
+                                                                      Locks=jnp.zeros((1,), jnp.int32)),
+                                   (outs[0], outs[1], jax.ShapeDtypeStruct((1,), jnp.float32),
+                                    jax.ShapeDtypeStruct((1,), jnp.int32)), extras))
+    return (dq * ds_scale(statics)).astype(q.dtype), dk, dv
 
 
 def _seven_products(plan: Plan, run: Run, q, k, v, out, lse2, dout, dlse, extras: Operands, statics: Statics):

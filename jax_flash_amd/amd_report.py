@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash_amd import _jax_triton_compat, _kernel_factory, _launch, fp8
+from jax_flash_amd import _jax_triton_compat, _kernel_factory, _launch, fp8, plan
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
 from jax_flash_amd.kernels import configs, fwd
@@ -54,7 +54,10 @@ LANES = 64  # per AMD wave
 DUPLICATION_LIMIT = 1.05  # --check: MFMA flops or v_exp_f32 per tile above this times the ideal
 # Matrix products per (query block, key block) tile: forward S = QK^T, PV; dQ S, dP, dQ; dK/dV S^T, dV, dP^T,
 # dK (SPLIT: the dK program's S^T, dP^T, dK, the loop loop_stats reads)
-PRODUCTS = {"fwd": 2, "dq": 3, "dkdv": 4, "decode": 2, "dbias": 2}  # decode: the KV-cache forward (kernels/decode.py)
+# The linear backward (--linear): dK/dV and dQ in one loop, five products (a SPLIT row: dK and dQ's four, then dV's
+# two in a launch of its own)
+PRODUCTS = {"fwd": 2, "dq": 3, "dkdv": 4, "decode": 2, "dbias": 2,  # decode: the KV-cache forward (kernels/decode.py)
+            "dkdvdq": 5, "dkdq": 4, "dv": 2}
 _TRITON_DTYPE = {jnp.dtype(jnp.float16): "fp16", jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float32): "fp32",
                  jnp.dtype(jnp.int32): "i32", jnp.dtype(jnp.float8_e4m3fn): "fp8e4nv",
                  jnp.dtype(jnp.float8_e4m3fnuz): "fp8e4b8", jnp.dtype(jnp.int8): "i8"}
@@ -124,7 +127,7 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
     "gqa" (4 query heads per key/value head), which take the "+<kind>" config rows where the target
     has them, "bias" (a (1, heads, seq, seq) bias: a tile of it per block, and its gradient's kernel) or "mask" (a
     (1, 1, seq, seq) mask); kernels are named with it. "decode": the KV-cache kernels
-    (kvcache.record_launches)."""
+    (kvcache.record_launches). "linear": the linear backward's launches alone (plan.Policy(linear_backward=True))."""
     if kind == "decode":  # the KV-cache kernels (kernels/decode.py): decode, paged, chunked prefill, ...
         from jax_flash_amd import kvcache
         return kvcache.record_launches(target, head_dim, dtype)
@@ -151,11 +154,21 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
         _launch.forward(run, target, x, x, x, extras, statics=_launch.Statics(head_dim ** -0.5, band))
         return [("fwd", next(launch for launch in recorded if launch.kernel is fwd.attn_fwd))]
     out, lse = _launch.forward(run, target, x, kv, kv, extras, statics=statics)
-    _launch.backward(run, target, x, kv, kv, out, lse, out, lse, extras, statics=statics)
+    if kind == "linear":
+        del recorded[:]
+    with plan.using(plan.active().replace(linear_backward=kind == "linear")):
+        _launch.backward(run, target, x, kv, kv, out, lse, out, lse, extras, statics=statics)
     names = {"attn_fwd": "fwd", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq", "attn_bwd_dq_ds": "dqds",
              "attn_bwd_dbias": "dbias"}
+
+    def name(launch):
+        if launch.kernel.__name__ == "attn_bwd_dkdv_dq":
+            return {(True, True): "dkdvdq", (True, False): "dkdq", (False, True): "dv"}[
+                (launch.constexprs["DK"], launch.constexprs["DV"])]
+        return names[launch.kernel.__name__]
+
     suffix = f"+{kind}" if kind else ""
-    return [(names[launch.kernel.__name__] + suffix, launch) for launch in recorded]
+    return [(name(launch) + suffix, launch) for launch in recorded]
 
 
 def _kinds(target: str) -> list[tuple[bool, str]]:
@@ -344,13 +357,14 @@ def compile_row(arch: str, head_dim: int, dtype: str, causal: bool, kernel: str)
     return row
 
 
-def work_items(archs, head_dims, dtypes) -> list[tuple]:
-    """(arch, head_dim, dtype, causal, kernel) of every kernel the report compiles, in table order."""
+def work_items(archs, head_dims, dtypes, linear: bool = False) -> list[tuple]:
+    """(arch, head_dim, dtype, causal, kernel) of every kernel the report compiles, in table order; linear: the
+    linear backward's too (causal)."""
     work = []
     for arch in archs:
         for head_dim in head_dims:
             for dtype in dtypes:
-                for causal, kind in _kinds(_target(arch)):
+                for causal, kind in _kinds(_target(arch)) + ([(True, "linear")] if linear else []):
                     for kernel, _ in record_launches(_target(arch), head_dim, dtype, causal, kind):
                         work.append((arch, head_dim, dtype, causal, kernel))
             for fp8_type in sorted(t.name for t in fp8.SUPPORTED[_target(arch)]):  # the fp8 forward
@@ -358,8 +372,8 @@ def work_items(archs, head_dims, dtypes) -> list[tuple]:
     return work
 
 
-def report(archs, head_dims, dtypes, jobs: int) -> list[Row]:
-    work = work_items(archs, head_dims, dtypes)
+def report(archs, head_dims, dtypes, jobs: int, linear: bool = False) -> list[Row]:
+    work = work_items(archs, head_dims, dtypes, linear)
     # launches hold the kernels, which do not pickle: each worker records them again. Workers are
     # spawned, not forked: a fork of a process that has started JAX's threads can deadlock.
     pool = concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
@@ -432,6 +446,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="compile in this many processes, one per CPU by default")
     ap.add_argument("--json", metavar="PATH", help="also write the rows (and their problems) as JSON")
+    ap.add_argument("--linear", action="store_true",
+                    help="also the linear backward (plan.Policy(linear_backward=True), which no default plan takes)")
     return ap
 
 
@@ -444,7 +460,7 @@ def main(argv=None) -> int:
     unknown = [a for a in archs if a not in LOCAL_MEMORY]
     if unknown:
         ap.error(f"--arch: unknown {unknown}; expected some of {list(LOCAL_MEMORY)}")
-    rows = report(archs, [int(d) for d in args.head_dims.split(",")], args.dtypes.split(","), args.jobs)
+    rows = report(archs, [int(d) for d in args.head_dims.split(",")], args.dtypes.split(","), args.jobs, args.linear)
     jt = _jax_triton_compat.versions()["jax-triton"]
     print(f"compile options as jax-triton {'.'.join(map(str, jt)) if jt else '>= 0.4 (not installed here)'} "
           f"passes them; triton {'.'.join(map(str, _jax_triton_compat.versions()['triton']))}\n")

@@ -30,7 +30,7 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
               window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
               dropout_p: float = 0.0, dropout_rng=None, q_segment_ids=None, kv_segment_ids=None,
               q_descale=None, k_descale=None, v_descale=None, bias=None, mask=None, return_lse: bool = False,
-              implementation: str | None = None):
+              deterministic: bool = True, implementation: str | None = None):
     """Exact softmax attention, O(seq) memory, differentiable, as FlashAttention computes it.
 
     Args:
@@ -87,6 +87,9 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
         keys it hides from every query of a block are skipped. A row it hides entirely gives output 0.
       return_lse: also return the logsumexp of the scaled logits, (batch, heads, seq_q) float32,
         natural log; it is differentiable too.
+      deterministic: True (default): gradients bitwise equal from run to run. False lets a backward that sums dQ
+        across programs (the linear backward, plan.Policy(linear_backward=True)) do so by atomics, in an order
+        that varies; the other backward plans are deterministic either way.
       implementation: "triton" (GPU: CUDA or ROCm), "interpret" (the same Triton kernels in Triton's
         interpreter on the CPU; needs TRITON_INTERPRET=1 before triton is imported), "xla" (pure JAX,
         O(seq^2) memory, any backend). None: "triton" on a GPU backend, else "interpret" when
@@ -106,7 +109,7 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     impl = _dispatch.choose_implementation(implementation, dense=bias is not None or mask is not None)
     q, k, v, extras, opts = _prepare(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p,
                                      dropout_rng, q_segment_ids, kv_segment_ids, q_descale, k_descale, v_descale,
-                                     return_lse, impl, bias=bias, mask=mask)
+                                     return_lse, impl, bias=bias, mask=mask, deterministic=deterministic)
     b, sq, h, _ = q.shape
     if q.size == 0 or k.shape[1] == 0:  # nothing to attend to (or nothing to compute): no kernel launch
         out = jnp.zeros(q.shape, jnp.bfloat16 if fp8.is_fp8(q.dtype) else q.dtype)
@@ -118,13 +121,14 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
 
 def _prepare(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, dropout_rng,
              q_segment_ids, kv_segment_ids, q_descale, k_descale, v_descale, return_lse, impl: str, target=None,
-             bias=None, mask=None, band: Band | None = None, positions=None):
+             bias=None, mask=None, band: Band | None = None, positions=None, deterministic=True):
     """attention's arguments checked: (q, k, v, Operands, dispatch.Options). target: the kernels' target where it
     is not this machine's (explain). band, positions: a band and Operands.positions given by the caller
     (dot_product_attention's top-left alignment) in place of causal and window_size's."""
     q, k, v = _check_arrays(q, k, v)
     _check_flag("causal", causal)
     _check_flag("return_lse", return_lse)
+    _check_flag("deterministic", deterministic)
     window = _check_window(window_size)
     softcap = _check_softcap(softcap)
     slopes = _check_slopes(alibi_slopes, q.shape[0], q.shape[2])
@@ -142,7 +146,8 @@ def _prepare(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
                       q_segment_ids=q_seg, kv_segment_ids=kv_seg, positions=positions,
                       **dict(zip(_DESCALES, descales or (None,) * 3)), **dense)
     opts = _dispatch.Options(implementation=impl, softmax_scale=scale, softcap=softcap, dropout_p=dropout_p,
-                             band=band or Band.of(causal, window, sq, k.shape[1]), policy=plan.active())
+                             band=band or Band.of(causal, window, sq, k.shape[1]), policy=plan.active(),
+                             deterministic=deterministic)
     return q, k, v, extras, opts
 
 
@@ -152,7 +157,7 @@ TARGETS = ("gfx90a", "gfx942", "gfx950", "sm90", "cuda", "interpret")
 def explain(q, k, v, *, target: str | None = None, causal: bool = False, softmax_scale: float | None = None,
             window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0,
             dropout_rng=None, q_segment_ids=None, kv_segment_ids=None, q_descale=None, k_descale=None,
-            v_descale=None, bias=None, mask=None, return_lse: bool = False,
+            v_descale=None, bias=None, mask=None, return_lse: bool = False, deterministic: bool = True,
             implementation: str | None = None) -> plan.Explanation:
     """Which kernels `attention` runs for these arguments, and why: its forward and backward plans (kernels,
     config rows, grids, flags, workspace bytes, a reason per step). Nothing is computed or compiled.
@@ -186,7 +191,7 @@ def explain(q, k, v, *, target: str | None = None, causal: bool = False, softmax
         found["call"] = _prepare(q, k, v, causal, softmax_scale, window_size, softcap, arrays["alibi_slopes"],
                                  dropout_p, arrays["dropout_rng"], arrays["q_segment_ids"], arrays["kv_segment_ids"],
                                  arrays["q_descale"], arrays["k_descale"], arrays["v_descale"], return_lse, impl,
-                                 target, bias=arrays["bias"], mask=arrays["mask"])
+                                 target, bias=arrays["bias"], mask=arrays["mask"], deterministic=deterministic)
 
     jax.eval_shape(trace, *(_shape(x, name) for name, x in (("q", q), ("k", k), ("v", v))),
                    {name: None if x is None else _shape(x, name) for name, x in arrays.items()})

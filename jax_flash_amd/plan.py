@@ -49,6 +49,7 @@ class Policy:
     compute_units: int | None = None
     compiled_warps: bool | None = None
     dense_kernels: bool = False  # GPU calls with a dense bias or mask run the kernels (_dispatch.choose_implementation)
+    linear_backward: bool = False  # the backward in one pass, dQ summed in float32 (plan_backward; no GPU run yet)
 
     def replace(self, **change) -> Policy:
         """A copy with fields changed; limits may be given as their own fields (narrow_window=0, ...)."""
@@ -107,6 +108,7 @@ class Call:
     policy: Policy = DEFAULT
     bias_shape: tuple[int, ...] = ()  # a dense bias's (batch | 1, heads | 1, seq_q | 1, seq_k | 1)
     mask_shape: tuple[int, ...] = ()  # a dense mask's, the same
+    deterministic: bool = True  # False: the backward may sum in an order that varies (atomics)
 
     @classmethod
     def of(cls, target: str, q, k, extras=None, statics=None, policy: Policy | None = None, here: bool = True
@@ -129,7 +131,8 @@ class Call:
                    compiled_warps=policy.compiled_warps if policy.compiled_warps is not None else warps,
                    interpreted=interp, policy=policy,
                    bias_shape=tuple(extras.bias.shape) if extras is not None and extras.bias is not None else (),
-                   mask_shape=tuple(extras.mask.shape) if extras is not None and extras.mask is not None else ())
+                   mask_shape=tuple(extras.mask.shape) if extras is not None and extras.mask is not None else (),
+                   deterministic=statics.deterministic if statics else True)
 
     @property
     def group(self) -> int:
@@ -751,12 +754,36 @@ def _dkdv_step(call: Call, row, ds: bool) -> list[Step]:
     return steps
 
 
+def _linear_steps(call: Call) -> tuple[Step, ...]:
+    """The linear backward (Policy.linear_backward): one pass over the dK/dV pointer row's tiles, five products per
+    tile, each tile's dS K added to a float32 buffer of Q's size; in key-block order through a lock per query
+    block (deterministic) or by atomics. A SPLIT row's dV runs in a launch of its own."""
+    # its own rows where the target has them (a float32 dQ tile more than dK/dV's: AMD's spill), else dK/dV's
+    row = pick(call, "dkdvdq" if "dkdvdq" in configs.TARGETS[call.target] else "dkdv", tma=False)
+    mode = 2 if call.deterministic else 1
+    grid = (_cdiv(call.seq_k, row.block_n), call.batch * call.kv_heads)
+    flags = {**_common(call), "BLOCK_M": row.block_m, "BLOCK_N": row.block_n, "DQ": mode}
+    locks = call.batch * call.heads * _cdiv(call.seq_q, row.block_m) * 4 if mode == 2 else 0
+    order = "in key-block order (deterministic)" if mode == 2 else "by atomics (deterministic=False)"
+    why = f"linear backward (Policy.linear_backward): dS K summed into float32 {order}"
+    steps = [_step("delta", "xla", None, (), "xla", {}, {}, "delta = rowsum(dO * O) - dlse, one fused XLA pass",
+                   call.batch * call.heads * call.seq_q * 4),
+             _step("dkdv", "attn_bwd_dkdv_dq", row, grid, "tiled", {**flags, "DV": not row.split}, row.options(), why,
+                   call.batch * call.seq_q * call.heads * call.head_dim * 4 + locks)]
+    if row.split:
+        steps.append(_step("dv", "attn_bwd_dkdv_dq", row, grid, "tiled", {**flags, "DQ": 0, "DK": False},
+                           row.options(), "SPLIT row: dV in programs of its own"))
+    return (*steps, _step("dq", "xla", None, (), "xla", {}, {}, "dQ = scale x the float32 sum, cast (XLA)"))
+
+
 def plan_backward(call: Call) -> Plan:
-    """The backward's steps. The dS path where the dK/dV row has it and a workspace fits (dK/dV also stores
-    dS^T, dQ is one product from it), by groups of heads; else seven products per tile (dQ, which also writes
-    delta, then dK/dV)."""
+    """The backward's steps. The linear backward where the policy asks for it; the dS path where the dK/dV row has
+    it and a workspace fits (dK/dV also stores dS^T, dQ is one product from it), by groups of heads; else seven
+    products per tile (dQ, which also writes delta, then dK/dV)."""
     if call.fp8:
         raise TypeError("float8 attention is forward-only (inference): it has no backward plan")
+    if call.policy.linear_backward:
+        return Plan(call, "backward", _linear_steps(call) + _dbias_steps(call))
     row = dkdv_row(call)
     heads = ds_heads(call, row)
     delta = call.batch * call.heads * call.seq_q * 4

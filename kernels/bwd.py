@@ -2,6 +2,8 @@
 on the dS path (below), dK/dV storing dS, then dQ from it.
 
 No atomics: every output block is written by exactly one program, so gradients are deterministic.
+attn_bwd_dkdv_dq (the plan's linear backward, opt-in) adds dQ from dK/dV's programs into a float32 buffer
+of Q's size instead: by atomics, or deterministic in key-block order (_add_dq).
 SPLIT (wide heads): dV and dK come from separate programs (grid axis 2), each holding one fp32
 accumulator instead of two; both compute P (five matrix products per tile instead of four).
 With p = exp(s - lse):  dV = P^T dO,  dS = P * (dO V^T - delta),  dQ = scale dS K,  dK = scale dS^T Q,
@@ -57,16 +59,50 @@ def kept_scaled(x, keep_scale, DROP_THRESHOLD: tl.constexpr):
 
 
 @triton.jit
+def _wait_turn(lock, rank):
+    """Spins until the key block before this one (rank - 1) has passed the lock (DQ == 2)."""
+    while tl.atomic_cas(lock, rank, rank, sem="acquire") != rank:
+        pass
+
+
+@triton.jit
+def _pass_turn(lock, rank):
+    """Hands the lock to the next key block, once every thread's stores are done."""
+    tl.debug_barrier()
+    tl.atomic_xchg(lock, rank + 1, sem="release")
+
+
+@triton.jit
+def _add_dq(part, dq_base, lock, rank, offs_m, seq_q, STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr,
+            DQ: tl.constexpr):
+    """Adds a tile's dS K [BM, BD] to the float32 dQ rows offs_m at dq_base: DQ == 1 by atomics (fast, the order of
+    the additions varies), DQ == 2 in key-block order (bitwise deterministic): the lock of this (batch, head, query
+    block) counts the key blocks that have added theirs, and key block `rank` waits for its turn."""
+    offs_d = tl.arange(0, part.shape[1])
+    ptrs = dq_base + offs_m[:, None] * STRIDE + offs_d[None, :]
+    inside = (offs_m[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM)
+    if DQ == 1:
+        tl.atomic_add(ptrs, part, mask=inside, sem="relaxed")
+    else:
+        _wait_turn(lock, rank)
+        # past L1 (.cg): the previous key block's program wrote these rows from another SM
+        tl.store(ptrs, tl.load(ptrs, mask=inside, other=0.0, cache_modifier=".cg") + part, mask=inside)
+        _pass_turn(lock, rank)
+
+
+@triton.jit
 def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, start_m, start_n, seq_q, seq_k, lo_off,
                hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed, q_ids, k_ids,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, MASKED: tl.constexpr,
                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
                POSITIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, LOAD_DELTA: tl.constexpr,
                ds_desc=0, ds_row=0, STORE_DS: tl.constexpr = False, DS_BAND: tl.constexpr = False, bias=0, mask=0,
-               BIAS: tl.constexpr = 0, MASK: tl.constexpr = 0):
+               BIAS: tl.constexpr = 0, MASK: tl.constexpr = 0, dq_base=0, dq_lock=0, dq_rank=0,
+               STRIDE: tl.constexpr = 0, HEAD_DIM: tl.constexpr = 0, DQ: tl.constexpr = 0):
     """One query block's share of dk / dv (q, do [BM, BD], lse2 (_seen) loaded). delta [BM] comes loaded,
     or LOAD_DELTA: from Delta + row0 here, after dV's product (in that order AMD's loop is up to 6 %
-    shorter, amd_report). STORE_DS: dS^T also goes to ds_desc at row ds_row (the dS path; ds_col)."""
+    shorter, amd_report). STORE_DS: dS^T also goes to ds_desc at row ds_row (the dS path; ds_col).
+    DQ: dS K also added to the float32 dQ rows at dq_base (row stride STRIDE; _add_dq)."""
     start = dense_start(bias, mask, offs_m[None, :], offs_n[:, None], seq_q, seq_k, sm_scale, [BLOCK_N, BLOCK_M], BIAS,
                         MASK, SOFTCAP)
     s_t, scale2, dlogit_t = scores(tl.dot(k, tl.trans(q), start, input_precision="ieee"), offs_m[None, :],
@@ -92,6 +128,9 @@ def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, Delta, row0, offs_m, offs_n, st
         if STORE_DS:
             ds_desc.store([ds_row, ds_col(start_m, start_n, hi_off, DS_BAND)], ds_t.to(q.dtype))
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision="ieee")
+        if DQ:
+            _add_dq(tl.dot(tl.trans(ds_t.to(q.dtype)), k, input_precision="ieee"), dq_base, dq_lock, dq_rank,
+                    offs_m, seq_q, STRIDE=STRIDE, HEAD_DIM=HEAD_DIM, DQ=DQ)
     return dk, dv
 
 
@@ -103,12 +142,13 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
                 SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
                 POSITIONS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, ds_desc=0, ds_rows=0,
                 STORE_DS: tl.constexpr = False, DS_BAND: tl.constexpr = False, Bias=0, Mask=0,
-                BIAS: tl.constexpr = 0, MASK: tl.constexpr = 0):
+                BIAS: tl.constexpr = 0, MASK: tl.constexpr = 0, DQAcc=0, Locks=0, rank=0, DQ: tl.constexpr = 0):
     """Query blocks of [lo, hi) then [lo2, hi2), of each of the GROUP query heads that read key/value
     head h_kv: one flat loop (an outer loop over the heads costs registers, which spill at D 128), the
     heads innermost (the GROUP heads' tiles of one query block are read together). DK, DV: which of
     dk, dv to accumulate (the other is returned as it came). diag, pos_q, pos_k: masking.place.
-    STORE_DS: each tile's dS^T also to ds_desc, ds_rows rows per (batch, head) (ds_tiles)."""
+    STORE_DS: each tile's dS^T also to ds_desc, ds_rows rows per (batch, head) (ds_tiles).
+    DQ: each tile's dS K also to the float32 DQAcc (like Q), key block `rank` in turn where ordered (_add_dq)."""
     offs_d = tl.arange(0, BLOCK_D)
     STRIDE: tl.constexpr = H * HEAD_DIM
     n = span_blocks(lo, hi, lo2, hi2, BLOCK_M)
@@ -136,13 +176,19 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
         mask = 0
         if MASK:
             mask = dense_plane(Mask, b, h, seq_q, seq_k, H, MASK)
+        dq_base = DQAcc
+        dq_lock = Locks
+        if DQ:
+            dq_base = DQAcc + q_base
+            dq_lock = Locks + (b * H + h) * tl.cdiv(seq_q, BLOCK_M) + start_m // BLOCK_M
         dk, dv = _dkdv_tile(dk, dv, k, v, q, do, lse2, 0.0, Delta, row0, offs_m, offs_n, start_m, start_n, seq_q,
                             seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, seed, q_ids, k_ids,
                             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, MASKED=MASKED,
                             SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
                             POSITIONS=POSITIONS, DK=DK, DV=DV, LOAD_DELTA=True, ds_desc=ds_desc,
                             ds_row=(b * H + h) * ds_rows + start_n, STORE_DS=STORE_DS, DS_BAND=DS_BAND, bias=bias,
-                            mask=mask, BIAS=BIAS, MASK=MASK)
+                            mask=mask, BIAS=BIAS, MASK=MASK, dq_base=dq_base, dq_lock=dq_lock, dq_rank=rank,
+                            STRIDE=STRIDE, HEAD_DIM=HEAD_DIM, DQ=DQ)
     return dk, dv
 
 
@@ -228,6 +274,50 @@ def _dkdv_tma(dk, dv, k, v, q_desc, do_desc, Lse, Delta, Slopes, Seeds, b, h_kv,
 
 
 @triton.jit
+def _pass_turns(Locks, b, h_kv, rank, lo, hi, seq_q, H: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Key block `rank` passes on, in turn, the locks of query blocks [lo, hi), which it does not visit: every lock
+    then counts all key blocks, so a key block's turn at any query block is its rank."""
+    n_m = tl.cdiv(seq_q, BLOCK_M)
+    for j in range(0, (hi - lo) // BLOCK_M * GROUP):
+        lock = Locks + (b * H + h_kv * GROUP + j % GROUP) * n_m + lo // BLOCK_M + j // GROUP
+        _wait_turn(lock, rank)
+        _pass_turn(lock, rank)
+
+
+@triton.jit
+def _dkdv_in_turn(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, begin, full_begin, full_end, end,
+                  start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, QSeg, k_ids,
+                  Bias, Mask, DQAcc, Locks, rank, H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
+                  SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr,
+                  POSITIONS: tl.constexpr, BIAS: tl.constexpr, MASK: tl.constexpr, DV: tl.constexpr):
+    """dK (and dV where DV) of a key block whose dS K goes to DQAcc in turn (DQ == 2): every query block in
+    ascending order, those it does not visit passed on, the band's low edge, the blocks that see every key, the high
+    edge. With the lightest key block first (rank 0: the last), each key block reaches a query block as the one
+    before it leaves it, so in a band none waits for long."""
+    _pass_turns(Locks, b, h_kv, rank, 0, begin, seq_q, H=H, GROUP=GROUP, BLOCK_M=BLOCK_M)
+    for phase in tl.static_range(3):
+        lo = begin
+        hi = full_begin
+        if phase == 1:
+            lo = full_begin
+            hi = full_end
+        if phase == 2:
+            lo = full_end
+            hi = end
+        dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, hi, hi, hi, start_n,
+                             offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, QSeg, k_ids,
+                             MASKED=phase != 1, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
+                             BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                             DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, DK=True, DV=DV, Bias=Bias,
+                             Mask=Mask, BIAS=BIAS, MASK=MASK, DQAcc=DQAcc, Locks=Locks, rank=rank, DQ=2)
+    # segment ids and masks bound `end` by position: the last block visited is the one holding it
+    _pass_turns(Locks, b, h_kv, rank, tl.cdiv(end, BLOCK_M) * BLOCK_M, tl.cdiv(seq_q, BLOCK_M) * BLOCK_M, seq_q, H=H,
+                GROUP=GROUP, BLOCK_M=BLOCK_M)
+    return dk, dv
+
+
+@triton.jit
 def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, Bias, Mask, dOut, Lse, Delta, DKPart,
                   DVPart, DSPart, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV,
                   H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -235,10 +325,14 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, Bi
                   ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr,
                   DK: tl.constexpr, DV: tl.constexpr, EDGES: tl.constexpr = 0, DS: tl.constexpr = False,
                   GROUP_PROGRAMS: tl.constexpr = TILED_GROUP_PROGRAMS, DS_BAND: tl.constexpr = False,
-                  BIAS: tl.constexpr = 0, MASK: tl.constexpr = 0):
+                  BIAS: tl.constexpr = 0, MASK: tl.constexpr = 0, DQAcc=0, Locks=0, DQ: tl.constexpr = 0):
     """dK (DK) and / or dV (DV) of one key block; EDGES == 2 (attn_bwd_dkdv): only the masked query blocks,
-    added to the partial DKPart / DVPart; DS (the dS path): every visited tile's dS^T to the workspace DSPart."""
+    added to the partial DKPart / DVPart; DS (the dS path): every visited tile's dS^T to the workspace DSPart;
+    DQ (attn_bwd_dkdv_dq): every visited tile's dS K to DQAcc (_add_dq)."""
     i, bh = tile_order(BANDED, GROUP_PROGRAMS)  # bh: batch * KV_H
+    rank = i
+    if DQ == 2:  # dQ summed in launch order, the lightest key block first (_dkdv_in_turn)
+        i = tl.num_programs(0) - 1 - rank
     start_n = i * BLOCK_N  # causal: the heaviest first
     b = bh // KV_H
     h_kv = bh % KV_H
@@ -264,23 +358,32 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, Bi
     ds_rows = 0
     if DS:
         ds_desc, ds_rows = ds_tiles(DSPart, b, seq_q, seq_k, lo_off, hi_off, H, BLOCK_N, BLOCK_N, BLOCK_M, DS_BAND)
-    # query blocks that see every key of this block, unmasked (EDGES == 2: done); then those at the band's
-    # edges, masked
-    if EDGES != 2:
-        dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, full_begin, full_end,
-                             full_end, full_end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
-                             sm_scale, softcap, QSeg, k_ids, MASKED=False, H=H, GROUP=GROUP,
-                             HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                             SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
-                             POSITIONS=POSITIONS, DK=DK, DV=DV, ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS,
-                             DS_BAND=DS_BAND, Bias=Bias, Mask=Mask, BIAS=BIAS, MASK=MASK)
-    dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, begin, full_begin, full_end, end,
-                         start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap,
-                         QSeg, k_ids, MASKED=True, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                         SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, DK=DK, DV=DV,
-                         ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS, DS_BAND=DS_BAND, Bias=Bias, Mask=Mask,
-                         BIAS=BIAS, MASK=MASK)
+    if DQ == 2:
+        dk, dv = _dkdv_in_turn(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, begin, full_begin, full_end,
+                               end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale,
+                               softcap, QSeg, k_ids, Bias, Mask, DQAcc, Locks, rank, H=H, GROUP=GROUP,
+                               HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                               SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
+                               POSITIONS=POSITIONS, BIAS=BIAS, MASK=MASK, DV=DV)
+    else:
+        # query blocks that see every key of this block, unmasked (EDGES == 2: done); then those at the band's
+        # edges, masked
+        if EDGES != 2:
+            dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, full_begin, full_end,
+                                 full_end, full_end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q,
+                                 pos_k, sm_scale, softcap, QSeg, k_ids, MASKED=False, H=H, GROUP=GROUP,
+                                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                                 SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
+                                 POSITIONS=POSITIONS, DK=DK, DV=DV, ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS,
+                                 DS_BAND=DS_BAND, Bias=Bias, Mask=Mask, BIAS=BIAS, MASK=MASK, DQAcc=DQAcc,
+                                 Locks=Locks, DQ=DQ)
+        dk, dv = _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, begin, full_begin, full_end,
+                             end, start_n, offs_n, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale,
+                             softcap, QSeg, k_ids, MASKED=True, H=H, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                             SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, DK=DK, DV=DV,
+                             ds_desc=ds_desc, ds_rows=ds_rows, STORE_DS=DS, DS_BAND=DS_BAND, Bias=Bias, Mask=Mask,
+                             BIAS=BIAS, MASK=MASK, DQAcc=DQAcc, Locks=Locks, DQ=DQ)
     dk = kept_scaled(dk * sm_scale, keep_scale, DROP_THRESHOLD)
     dv = kept_scaled(dv, keep_scale, DROP_THRESHOLD)
     if EDGES == 2:  # the partials carry keep_scale already
@@ -439,6 +542,28 @@ def attn_bwd_dkdv(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, Bi
                       BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
                       DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, GROUP_PROGRAMS=GROUP_PROGRAMS, BIAS=BIAS,
                       MASK=MASK)
+
+
+@triton.jit
+def attn_bwd_dkdv_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, Bias, Mask, dOut, Lse, Delta, DQAcc,
+                     Locks, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, dQAcc, dLocks,
+                     H: tl.constexpr, KV_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr, SOFTCAP: tl.constexpr,
+                     ALIBI: tl.constexpr, SEGMENTS: tl.constexpr, DROP_THRESHOLD: tl.constexpr, POSITIONS: tl.constexpr,
+                     DQ: tl.constexpr, DK: tl.constexpr = True, DV: tl.constexpr = True, BIAS: tl.constexpr = 0,
+                     MASK: tl.constexpr = 0):
+    """The backward in one pass, five products per tile and linear memory: attn_bwd_dkdv's dK and dV, and each
+    tile's dS K added to DQAcc, float32 zeros like Q (dQ = sm_scale keep_scale DQAcc after), DQ == 1 by atomics,
+    DQ == 2 in key-block order through Locks, int32 zeros (batch, H, query blocks): bitwise deterministic; DQ == 0
+    with DK off (a SPLIT row's dV launch; its dK launch adds dQ). dQAcc and dLocks are DQAcc's and Locks' buffers,
+    updated in place (jax-triton's input_output_aliases). Grid (key blocks, batch * KV_H) in launch order: a key
+    block waits only for the one before it, which started first (masking.tile_order's plain order)."""
+    tl.static_assert(DK or DQ == 0, "dQ comes from dK's programs (dS)")
+    _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, Bias, Mask, dOut, Lse, Delta, 0, 0, 0,
+                  sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off, hi_off, dK, dV, DK=DK, DV=DV, H=H, KV_H=KV_H,
+                  HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                  SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS,
+                  GROUP_PROGRAMS=1, BIAS=BIAS, MASK=MASK, DQAcc=DQAcc, Locks=Locks, DQ=DQ)
 
 
 @triton.jit

@@ -166,6 +166,11 @@ def _hip(arch: str) -> dict[str, tuple[Row, ...]]:
                                           matrix_instr_nonkdim=16), 256, "-dense", block_n=32)
     if a == "gfx950":
         tables["fwd+dense"] = _with(fwd, 128, "-dense", block_n=32)
+    # the linear backward (plan.Policy(linear_backward=True)): dK/dV's tile and a float32 dQ tile (amd_report --linear)
+    tables["dkdvdq"] = (Row(f"{a}/dkdvdq/d64", 32, 128, max_width=64, **bwd),
+                        Row(f"{a}/dkdvdq/d128", 16, 128, max_width=128, **bwd),
+                        Row(f"{a}/dkdvdq/d256", 16, 64, max_width=256, split=a != "gfx950", **bwd),
+                        Row(f"{a}/dkdvdq/d512", 16, 32, max_width=512, split=True, **bwd))
     return tables
 
 

@@ -26,16 +26,18 @@ AMD_TRITON = pytest.mark.skipif(_jax_triton_compat.versions()["triton"] < (3, 7)
                                 reason="the AMD check is for triton >= 3.7 (what jax-triton 0.4.x needs)")
 
 
-def _check(arch, head_dims, dtypes):
+def _check(arch, head_dims, dtypes, linear=False):
     """Runs `amd_report --check` in a process group of its own, with a timeout sized from the number of
-    kernels; on timeout the whole group (the report and its compile workers) is killed."""
+    kernels; on timeout the whole group (the report and its compile workers) is killed. linear: --linear."""
     jobs = os.cpu_count() or 1
-    kernels = len(amd_report.work_items(arch.split(","), [int(d) for d in head_dims.split(",")], dtypes.split(",")))
+    kernels = len(amd_report.work_items(arch.split(","), [int(d) for d in head_dims.split(",")], dtypes.split(","),
+                                        linear))
     timeout = 60 + SECONDS_PER_KERNEL * math.ceil(kernels / jobs)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # it compiles, not interprets
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     proc = subprocess.Popen([sys.executable, "-m", "jax_flash_amd.amd_report", "--check", "--arch", arch,
-                             "--head-dims", head_dims, "--dtypes", dtypes, "--jobs", str(jobs)],
+                             "--head-dims", head_dims, "--dtypes", dtypes, "--jobs", str(jobs)]
+                            + (["--linear"] if linear else []),
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             process_group=0)
     try:
@@ -166,8 +168,9 @@ def test_buffer_loads_where_offsets_fit_32_bits():
 @AMD_TRITON
 def test_one_arch_passes_the_check():
     """MI300 at D 128 bf16: forward, dQ, dK/dV (full, causal, dropout), the fp8 forward and the KV-cache
-    kernels (decode, paged, chunked prefill, float8 cache, combine, append): 17 kernels."""
-    table = _check("gfx942", "128", "bfloat16")
+    kernels (decode, paged, chunked prefill, float8 cache, combine, append), and the linear backward's."""
+    table = _check("gfx942", "128", "bfloat16", linear=True)
+    assert "| gfx942 | dkdvdq+linear | 128 | bfloat16 | yes |" in table
     for kernel in ("decode", "decode+paged", "decode+chunk", "decode+fp8", "decode_combine", "kv_append"):
         assert f"| gfx942 | {kernel} | 128 | bfloat16 | yes |" in table
     for kernel in ("fwd", "dkdv", "dq"):

@@ -1,0 +1,134 @@
+"""The linear backward (plan.Policy(linear_backward=True), kernels/bwd.py attn_bwd_dkdv_dq): one pass of five
+products per tile, dQ summed in a float32 buffer of Q's size, in key-block order (deterministic) or by atomics
+(deterministic=False); against float64 with every variant the dK/dV kernel takes, its plan and its memory."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash_amd
+import oracle
+from helpers import KERNEL_IMPLS, assert_close, inputs
+from jax_flash_amd import plan, reference
+
+LINEAR = plan.Policy(linear_backward=True)
+
+CASES = {  # B 2, H 4 unless said; odd lengths, head dims padded in the kernels
+    "causal-gqa": dict(causal=True, h_kv=2),
+    "plain": dict(),
+    "window": dict(window=(9, 4)),
+    "softcap-alibi": dict(causal=True, softcap=4.0, alibi=True),
+    "dropout": dict(causal=True, dropout=0.2),
+    "segments": dict(segments=True),
+    "bias-mask": dict(bias=True, mask=True, causal=True),
+    "split-d96": dict(d=96, causal=True),  # the interpreter's SPLIT row: dV in a launch of its own
+    "mqa-bf16": dict(h_kv=1, dtype=jnp.bfloat16, causal=True),
+    "seq_q>seq_k": dict(sq=70, sk=33, causal=True),
+}
+
+
+def case(name, seed=0):
+    c = {**dict(sq=45, sk=53, d=40, h_kv=4, dtype=jnp.float32, causal=False, window=(-1, -1), softcap=0.0,
+                alibi=False, dropout=0.0, segments=False, bias=False, mask=False), **CASES[name]}
+    b, h, sq, sk = 2, 4, c["sq"], c["sk"]
+    q, k, v, dout, dlse = inputs((b, sq, h, c["d"]), (b, sk, c["h_kv"], c["d"]), c["dtype"], seed=seed)
+    kw = dict(causal=c["causal"], window_size=c["window"], softcap=c["softcap"])
+    ref = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"])
+    if c["alibi"]:
+        kw["alibi_slopes"] = ref["alibi"] = jnp.linspace(0.1, 0.9, b * h, dtype=jnp.float32).reshape(b, h)
+    if c["segments"]:
+        q_ids = jnp.repeat(jnp.arange(3), -(-sq // 3))[None, :sq].repeat(b, 0)
+        kv_ids = jnp.repeat(jnp.arange(3), -(-sk // 3))[None, :sk].repeat(b, 0)
+        kw.update(q_segment_ids=q_ids, kv_segment_ids=kv_ids)
+        ref["segments"] = (q_ids, kv_ids)
+    if c["dropout"]:
+        rng = jax.random.key(7)
+        kw.update(dropout_p=c["dropout"], dropout_rng=rng)
+        keep = reference.dropout_keep(reference.dropout_seeds(rng, b, h), sq, sk, c["dropout"])
+        ref.update(dropout_p=c["dropout"], keep=keep)
+    if c["bias"]:
+        kw["bias"] = ref["bias"] = jax.random.normal(jax.random.key(3), (1, h, sq, sk), jnp.float32)
+    if c["mask"]:
+        kw["mask"] = ref["mask"] = (jnp.arange(sk)[None, :] < jnp.array([sk - 7, 5])[:, None])[:, None, None, :]
+    return (q, k, v, dout, dlse), kw, ref, c["dtype"]
+
+
+def grads(impl, q, k, v, dout, dlse, kw, policy=plan.DEFAULT, deterministic=True):
+    """dict(out, lse, dq, dk, dv[, dbias]) of a forward and a vjp with random cotangents, planned with `policy`."""
+    bias = kw.get("bias")
+    rest = {n: x for n, x in kw.items() if n != "bias"}
+
+    def fwd_bwd(q, k, v, bias, dout, dlse):
+        def f(q, k, v, bias):
+            return jax_flash_amd.attention(q, k, v, bias=bias, return_lse=True, implementation=impl,
+                                           deterministic=deterministic, **rest)
+
+        (out, lse), vjp = jax.vjp(f, q, k, v, bias)
+        dq, dk, dv, dbias = vjp((dout, dlse))
+        got = dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+        return got if bias is None else dict(got, dbias=dbias)
+
+    with plan.using(policy):
+        return jax.jit(fwd_bwd)(q, k, v, bias, dout, dlse)
+
+
+# the ordered sum with every case; atomics (the same tiles, another way to add them) with a few
+MATRIX = [(name, True) for name in CASES] + [(name, False) for name in ("causal-gqa", "bias-mask", "split-d96")]
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("name,deterministic", MATRIX, ids=[f"{n}-{'ordered' if d else 'atomics'}" for n, d in MATRIX])
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_linear_backward_against_float64(impl, name, deterministic):
+    (q, k, v, dout, dlse), kw, ref_kw, dtype = case(name)
+    with plan.using(LINEAR):
+        explained = jax_flash_amd.explain(q, k, v, implementation=impl, deterministic=deterministic, **kw)
+    dkdv = explained.backward.step("dkdv")
+    assert dkdv.kernel == "attn_bwd_dkdv_dq" and dkdv.flags["DQ"] == (2 if deterministic else 1)
+    assert (explained.backward.step("dv") is not None) == dkdv.row.split
+    got = grads(impl, q, k, v, dout, dlse, kw, LINEAR, deterministic)
+    ref = oracle.attention(q, k, v, dout, dlse, **ref_kw)
+    base = grads("xla", q, k, v, dout, dlse, kw)
+    assert_close(got, ref, base, dtype, names=tuple(got))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_linear_backward_is_bitwise_repeatable(impl):
+    """The default (ordered) sum gives the same bits every run; on a GPU the programs race, so this is the test
+    that the locks order them (10 runs, as FlashAttention's deterministic mode is checked)."""
+    (q, k, v, dout, dlse), kw, _, _ = case("causal-gqa")
+    if impl == "triton":  # long enough that many programs of one query block run at once
+        q, k, v, dout, dlse = inputs((2, 2048, 8, 128), (2, 2048, 2, 128), jnp.bfloat16)
+    first = grads(impl, q, k, v, dout, dlse, kw, LINEAR)
+    for _ in range(10 if impl == "triton" else 2):
+        again = grads(impl, q, k, v, dout, dlse, kw, LINEAR)
+        for name in ("dq", "dk", "dv"):
+            np.testing.assert_array_equal(np.asarray(again[name]), np.asarray(first[name]), err_msg=name)
+
+
+@pytest.mark.parametrize("target", ["sm90", "gfx942", "interpret"])
+def test_linear_backward_memory_is_linear_in_the_sequence(target):
+    """Its workspace is the float32 dQ sum, the locks and delta: exactly linear in N, where the dS path's grows
+    with N^2 (until it splits into head groups)."""
+    def backward(n, policy, deterministic=True):
+        x = jax.ShapeDtypeStruct((2, n, 16, 128), jnp.bfloat16)
+        with plan.using(policy):
+            return jax_flash_amd.explain(x, x, x, causal=True, target=target, deterministic=deterministic).backward
+
+    for n in (4096, 8192):
+        ordered = backward(n, LINEAR)
+        locks = 2 * 16 * -(-n // ordered.step("dkdv").row.block_m) * 4
+        assert ordered.workspace == 2 * n * 16 * 128 * 4 + locks + 2 * 16 * n * 4
+        assert backward(n, LINEAR, deterministic=False).workspace == 2 * n * 16 * 128 * 4 + 2 * 16 * n * 4
+    if target == "sm90":  # the dS path it is to replace
+        assert backward(8192, plan.DEFAULT).workspace > 8 * backward(8192, LINEAR).workspace
+
+
+def test_the_default_plan_takes_no_linear_backward():
+    """Not run on a GPU yet: no default plan takes it, on any target."""
+    x = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
+    for target in ("sm90", "cuda", "gfx942", "interpret"):
+        for deterministic in (True, False):
+            explained = jax_flash_amd.explain(x, x, x, causal=True, target=target, deterministic=deterministic)
+            assert "attn_bwd_dkdv_dq" not in explained.backward.kernels
