@@ -290,15 +290,17 @@ def _linear(plan: Plan, run: Run, q, k, v, dout, lse2, delta, extras: Operands, 
     inputs = dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, step.flags["BLOCK_N"], q, k), dOut=dout, Lse=lse2,
                   Delta=delta, DQAcc=jnp.zeros(q.shape, jnp.float32), Locks=jnp.zeros(locks, jnp.int32),
                   **_scalars(q, k, statics))
-    outs = (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
-            jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct(locks, jnp.int32))
+    dk_shape, dv_shape = jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)
+    unwritten = jax.ShapeDtypeStruct((1,), v.dtype)  # a SPLIT row's launches each write one of dK, dV
     params = _params(bwd.attn_bwd_dkdv_dq)
-    one = _of_step(step, bwd.attn_bwd_dkdv_dq, inputs, outs, extras)
+    one = _of_step(step, bwd.attn_bwd_dkdv_dq, inputs,
+                   (dk_shape, unwritten if dv_step else dv_shape, jax.ShapeDtypeStruct(q.shape, jnp.float32),
+                    jax.ShapeDtypeStruct(locks, jnp.int32)), extras)
     dk, dv, dq, _ = run(dataclasses.replace(one, aliases=((params.index("DQAcc"), 2), (params.index("Locks"), 3))))
     if dv_step is not None:  # a SPLIT row: dV's programs hold one accumulator too
         _, dv, _, _ = run(_of_step(dv_step, bwd.attn_bwd_dkdv_dq, dict(inputs, DQAcc=_placeholder(),
                                                                       Locks=jnp.zeros((1,), jnp.int32)),
-                                   (outs[0], outs[1], jax.ShapeDtypeStruct((1,), jnp.float32),
+                                   (unwritten, dv_shape, jax.ShapeDtypeStruct((1,), jnp.float32),
                                     jax.ShapeDtypeStruct((1,), jnp.int32)), extras))
     return (dq * ds_scale(statics)).astype(q.dtype), dk, dv
 

@@ -99,6 +99,8 @@ def rows_for(run, target: str, q, k, extras: Operands, statics: _launch.Statics,
     call = _launch.call_of(target, q, k, extras, statics, policy=policy)
     if not plan.tunable(call):
         return None
+    if call.policy.linear_backward:  # its kernel is not among the candidates' (the dK/dV and dQ kernels')
+        kernels = tuple(name for name in kernels if name == "fwd")
     rows = {}
     for kernel in kernels:
         now = dataclasses.replace(call, policy=call.policy.replace(rows={**dict(call.policy.rows), **rows}))

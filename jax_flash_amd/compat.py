@@ -206,7 +206,7 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None
     for code moving over from PyTorch. q (batch, seq_q, heads_q, head_dim), k/v (batch, seq_k,
     heads_kv, head_dim) as there. Differences: dropout needs ``dropout_rng`` (JAX has no global random
     state); ``deterministic`` is accepted and changes nothing, because this backward is always
-    deterministic (no atomics); ``return_attn_probs=True`` raises NotImplementedError (the kernels never
+    deterministic; ``return_attn_probs=True`` raises NotImplementedError (the kernels never
     form the probability matrix; use jax_flash_amd.reference.attention to inspect it)."""
     _check_flag("deterministic", deterministic)
     _check_flag("return_attn_probs", return_attn_probs)

@@ -1,9 +1,9 @@
 """Backward kernels: dQ (loop over key blocks; also writes delta), then dK/dV (loop over query blocks); or,
 on the dS path (below), dK/dV storing dS, then dQ from it.
 
-No atomics: every output block is written by exactly one program, so gradients are deterministic.
-attn_bwd_dkdv_dq (the plan's linear backward, opt-in) adds dQ from dK/dV's programs into a float32 buffer
-of Q's size instead: by atomics, or deterministic in key-block order (_add_dq).
+attn_bwd_dq, attn_bwd_dkdv, attn_bwd_dq_ds: no atomics, every output block is written by exactly one program, so
+gradients are deterministic. attn_bwd_dkdv_dq (the plan's linear backward, opt-in) adds dQ from dK/dV's programs
+into a float32 buffer of Q's size instead: by atomics, or deterministic in key-block order (_add_dq).
 SPLIT (wide heads): dV and dK come from separate programs (grid axis 2), each holding one fp32
 accumulator instead of two; both compute P (five matrix products per tile instead of four).
 With p = exp(s - lse):  dV = P^T dO,  dS = P * (dO V^T - delta),  dQ = scale dS K,  dK = scale dS^T Q,
@@ -281,7 +281,7 @@ def _pass_turns(Locks, b, h_kv, rank, lo, hi, seq_q, H: tl.constexpr, GROUP: tl.
     for j in range(0, (hi - lo) // BLOCK_M * GROUP):
         lock = Locks + (b * H + h_kv * GROUP + j % GROUP) * n_m + lo // BLOCK_M + j // GROUP
         _wait_turn(lock, rank)
-        _pass_turn(lock, rank)
+        tl.atomic_xchg(lock, rank + 1, sem="release")  # no stores of its own to wait for
 
 
 @triton.jit
@@ -331,9 +331,10 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, QSeg, KSeg, QueryRanges, Positions, Bi
     DQ (attn_bwd_dkdv_dq): every visited tile's dS K to DQAcc (_add_dq)."""
     i, bh = tile_order(BANDED, GROUP_PROGRAMS)  # bh: batch * KV_H
     rank = i
-    if DQ == 2:  # dQ summed in launch order, the lightest key block first (_dkdv_in_turn)
+    if DQ == 2:  # dQ summed in launch order (tile_order's plain one), the lightest key block first (_dkdv_in_turn)
+        tl.static_assert(GROUP_PROGRAMS == 1, "the ordered dQ sum takes the grid's plain order")
         i = tl.num_programs(0) - 1 - rank
-    start_n = i * BLOCK_N  # causal: the heaviest first
+    start_n = i * BLOCK_N  # causal: the heaviest first (but for DQ == 2)
     b = bh // KV_H
     h_kv = bh % KV_H
     GROUP: tl.constexpr = H // KV_H

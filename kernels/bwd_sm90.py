@@ -27,7 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .bwd import ds_col, ds_shape, kept_scaled
 from .configs import TILED_GROUP_PROGRAMS
 from .dropout import dropped_ds, keep_at
-from .fwd_sm90 import ROWS, block_scores, head_scalars, mbarrier_arrays, tiles, tma_load, tma_store
+from .fwd_sm90 import ROWS, block_scores, head_scalars, tiles, tma_load, tma_store
 from .masking import persistent_rounds, persistent_tile, query_blocks, tile_order
 
 
@@ -326,12 +326,23 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softc
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], lse_desc.layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [2 if DS else 1, ROWS, BLOCK_M], ds_layout)
-    kv_bar, = mbarrier_arrays(KV_BUF, (1, ))
-    q_ready, do_ready, empty = mbarrier_arrays(STAGES, (1, 1, 2))  # empty: released by both consumer groups
+    bar: gl.constexpr = mbarrier.MBarrierLayout()
+    kv_bar = gl.allocate_shared_memory(gl.int64, [KV_BUF, 1], bar)
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
+    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
+    for t in gl.static_range(KV_BUF):
+        mbarrier.init(kv_bar.index(t), count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(s), count=1)
+        mbarrier.init(do_ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # released by both consumer groups
     fence_async_shared()
 
     if N_ROWS > 0:
-        kv_empty, = mbarrier_arrays(KV_BUF, (2, ))  # released by both groups
+        kv_empty = gl.allocate_shared_memory(gl.int64, [KV_BUF, 1], bar)  # released by both groups
+        for t in gl.static_range(KV_BUF):
+            mbarrier.init(kv_empty.index(t), count=2)
         fence_async_shared()
         n_n = gl.cdiv(seq_k, BLOCK_N)
         gl.warp_specialize([

@@ -269,15 +269,24 @@ def _fwd_tile(start_m, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg,
         # key blocks every row sees, unmasked, and those at the band's edges, masked (one loop, both spans);
         # EDGES_FIRST: the masked ones first; EDGES == 2: those only
         for i in tl.static_range(2):
-            EDGE: tl.constexpr = (i == 0) == EDGES_FIRST  # this pass: the edges' spans, else the unmasked blocks
-            if EDGE or EDGES != 2:
+            if (i == 0) == EDGES_FIRST:
                 acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col,
-                                           start if EDGE else full_start, full_start if EDGE else full_end, full_end,
-                                           end if EDGE else full_end, start_m, seq_q, seq_k, lo_off, hi_off, diag,
-                                           pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed, bias, mask,
-                                           MASKED=EDGE, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                                           BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP,
-                                           ALIBI=ALIBI, SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD,
+                                           start, full_start, full_end, end, start_m, seq_q, seq_k, lo_off, hi_off,
+                                           diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
+                                           bias, mask, MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
+                                           BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                                           SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                                           DROP_THRESHOLD=DROP_THRESHOLD,
+                                           P8_LOG2=P8_LOG2, TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS,
+                                           BIAS=BIAS, MASK=MASK)
+            elif EDGES != 2:
+                acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col,
+                                           full_start, full_end, full_end, full_end, start_m, seq_q, seq_k, lo_off,
+                                           hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
+                                           bias, mask, MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
+                                           BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
+                                           SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
+                                           DROP_THRESHOLD=DROP_THRESHOLD,
                                            P8_LOG2=P8_LOG2, TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS,
                                            BIAS=BIAS, MASK=MASK)
 

@@ -9,7 +9,8 @@ import pytest
 import jax_flash_amd
 import oracle
 from helpers import KERNEL_IMPLS, assert_close, inputs
-from jax_flash_amd import plan, reference
+from jax_flash_amd import _dispatch, _launch, plan, reference
+from jax_flash_amd.operands import Operands
 
 LINEAR = plan.Policy(linear_backward=True)
 
@@ -24,6 +25,8 @@ CASES = {  # B 2, H 4 unless said; odd lengths, head dims padded in the kernels
     "split-d96": dict(d=96, causal=True),  # the interpreter's SPLIT row: dV in a launch of its own
     "mqa-bf16": dict(h_kv=1, dtype=jnp.bfloat16, causal=True),
     "seq_q>seq_k": dict(sq=70, sk=33, causal=True),
+    # long rows of ragged blocks: a deep chain of turns, segment ranges ending mid-block
+    "long-segments-gqa": dict(sq=150, sk=170, h_kv=2, segments=True, causal=True),
 }
 
 
@@ -132,3 +135,32 @@ def test_the_default_plan_takes_no_linear_backward():
         for deterministic in (True, False):
             explained = jax_flash_amd.explain(x, x, x, causal=True, target=target, deterministic=deterministic)
             assert "attn_bwd_dkdv_dq" not in explained.backward.kernels
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_every_lock_counts_every_key_block(impl):
+    """The ordered sum's locks end at the number of key blocks: each key block visited or passed each query block
+    of each of its query heads exactly once (one too few hangs the next key block, one too many skips a turn)."""
+    run, target = _dispatch.backend(impl)
+    (q, k, v, dout, dlse), kw, _, _ = case("long-segments-gqa")
+    extras = Operands(q_segment_ids=kw["q_segment_ids"], kv_segment_ids=kw["kv_segment_ids"])
+    statics = _launch.Statics(q.shape[-1] ** -0.5, plan.Band.of(True, (-1, -1), q.shape[1], k.shape[1]))
+    locks = []
+
+    def recording(launch):
+        outs = run(launch)
+        if launch.kernel.__name__ == "attn_bwd_dkdv_dq" and launch.constexprs["DQ"] == 2:
+            locks.append((launch.grid[0], np.asarray(outs[3])))
+        return outs
+
+    out, lse2 = _launch.forward(run, target, q, k, v, extras, statics=statics)
+    _launch.backward(recording, target, q, k, v, out, lse2, dout, dlse, extras, statics=statics, policy=LINEAR)
+    (key_blocks, counts), = locks
+    assert counts.shape == (2, 4, -(-q.shape[1] // plan.plan_backward(plan.Call.of(
+        target, q, k, extras, statics, LINEAR)).step("dkdv").row.block_m)) and np.all(counts == key_blocks)
+
+
+def test_deterministic_is_a_bool():
+    x = jnp.zeros((1, 8, 2, 16))
+    with pytest.raises(TypeError, match="deterministic must be a Python bool"):
+        jax_flash_amd.attention(x, x, x, deterministic=1)
