@@ -141,7 +141,9 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
     x = jnp.zeros((1, 1024, 16, head_dim), jnp.dtype(dtype))
     extras = Operands()
     band = Band.of(causal, (256, 0) if kind == "window" else (-1, -1), 1024, 1024)
-    statics = _launch.Statics(head_dim ** -0.5, band, dropout_p=0.1 if kind == "dropout" else 0.0)
+    # linear: its atomics (the plan keeps AMD's deterministic calls off it)
+    statics = _launch.Statics(head_dim ** -0.5, band, dropout_p=0.1 if kind == "dropout" else 0.0,
+                              deterministic=kind != "linear")
     kv = jnp.zeros((1, 1024, 4, head_dim), jnp.dtype(dtype)) if kind == "gqa" else x
     if kind == "dropout":
         extras = Operands(seeds=jnp.zeros((1, 16, 2), jnp.uint32))

@@ -30,6 +30,7 @@ from jax_flash_amd.kernels.configs import DecodeRow, GluonRow, Row
 from jax_flash_amd.rules import Band
 
 FP8_TYPES = ("float8_e4m3fn", "float8_e4m3fnuz")
+AMD_TARGETS = ("gfx90a", "gfx942", "gfx950")
 GLUON_ROWS = 64  # rows per consumer group of the Gluon kernels (fwd_sm90.ROWS): a tile is two groups
 
 
@@ -782,7 +783,9 @@ def plan_backward(call: Call) -> Plan:
     products per tile (dQ, which also writes delta, then dK/dV)."""
     if call.fp8:
         raise TypeError("float8 attention is forward-only (inference): it has no backward plan")
-    if call.policy.linear_backward:
+    # AMD: not the ordered sum: Triton's barrier there does not wait for the other waves' dQ stores before the
+    # lock is passed on (no s_waitcnt vmcnt(0) before its s_barrier; docs/tuning.md, the linear backward)
+    if call.policy.linear_backward and not (call.deterministic and call.target in AMD_TARGETS):
         return Plan(call, "backward", _linear_steps(call) + _dbias_steps(call))
     row = dkdv_row(call)
     heads = ds_heads(call, row)
