@@ -142,6 +142,7 @@ def test_the_default_plan_takes_no_linear_backward():
             assert "attn_bwd_dkdv_dq" not in explained.backward.kernels
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_every_lock_counts_every_key_block(impl):
     """The ordered sum's locks end at the number of key blocks: each key block visited or passed each query block
