@@ -29,8 +29,9 @@ import triton
 import triton.language as tl
 
 from .dropout import dropped_ds, keep, load_seed
-from .masking import (dense_plane, element_tiles, head_start, key_blocks, load_ids, load_tile, persistent_rounds,
-                      persistent_tile, place, query_blocks, span_block, span_blocks, store_tile, tile_order, visible)
+from .masking import (dense_plane, dense_planes, element_tiles, head_start, key_blocks, load_ids, load_tile,
+                      persistent_rounds, persistent_tile, place, query_blocks, span_block, span_blocks, store_tile,
+                      tile_order, visible)
 from . import configs
 from .configs import TILED_GROUP_PROGRAMS
 from .scores import dense_start, scores
@@ -170,12 +171,7 @@ def _dkdv_inner(dk, dv, k, v, Q, dOut, Slopes, Seeds, Lse, Delta, b, h_kv, lo, h
         do = load_tile(dOut + q_base, offs_m, offs_d, STRIDE, seq_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)
         lse2 = _lse2(Lse, row0, offs_m, seq_q)
         q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS and MASKED)
-        bias = 0
-        if BIAS:
-            bias = dense_plane(Bias, b, h, seq_q, seq_k, H, BIAS)
-        mask = 0
-        if MASK:
-            mask = dense_plane(Mask, b, h, seq_q, seq_k, H, MASK)
+        bias, mask = dense_planes(Bias, Mask, b, h, seq_q, seq_k, H, BIAS, MASK)
         dq_base = DQAcc
         dq_lock = Locks
         if DQ:
@@ -647,12 +643,7 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Bias, 
                                                   BLOCK_N, BANDED, SEGMENTS or MASK > 0)
     q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
     seed = load_seed(Seeds, bh, DROP_THRESHOLD)
-    bias = 0
-    if BIAS:
-        bias = dense_plane(Bias, b, h, seq_q, seq_k, H, BIAS)
-    mask = 0
-    if MASK:
-        mask = dense_plane(Mask, b, h, seq_q, seq_k, H, MASK)
+    bias, mask = dense_planes(Bias, Mask, b, h, seq_q, seq_k, H, BIAS, MASK)
     STRIDE_KV: tl.constexpr = KV_H * HEAD_DIM
     k_desc = K
     v_desc = V
@@ -664,20 +655,17 @@ def attn_bwd_dq(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Bias, 
     # the band's edges (masked) first, then the key blocks every row sees (unmasked): in this order the
     # unmasked loop keeps its K and V buffer descriptors in SGPRs (the other way round, LLVM re-copied
     # 4 descriptor words into place every iteration on AMD)
-    dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, k_desc, v_desc, kv_row, kv_col, start,
-                   full_start, full_end, end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
-                   sm_scale, softcap, slope, q_ids, KSeg, b, seed,
-                   MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                   BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=TMA, bias=bias, mask=mask, BIAS=BIAS,
-                   MASK=MASK)
-    dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, k_desc, v_desc, kv_row, kv_col, full_start,
-                   full_end, full_end, full_end, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
-                   sm_scale, softcap, slope, q_ids, KSeg, b, seed,
-                   MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
-                   BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                   DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=TMA, bias=bias, mask=mask, BIAS=BIAS,
-                   MASK=MASK)
+    for i in tl.static_range(2):
+        if i == 0:  # the edges' spans, masked
+            lo, hi, lo2, hi2 = start, full_start, full_end, end
+        else:  # the blocks every row sees, unmasked
+            lo, hi, lo2, hi2 = full_start, full_end, full_end, full_end
+        dq = _dq_inner(dq, q, do, lse2, delta, K + kv_base, V + kv_base, k_desc, v_desc, kv_row, kv_col, lo, hi, lo2,
+                       hi2, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids,
+                       KSeg, b, seed, MASKED=i == 0, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+                       BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                       SEGMENTS=SEGMENTS, DROP_THRESHOLD=DROP_THRESHOLD, POSITIONS=POSITIONS, TMA=TMA, bias=bias,
+                       mask=mask, BIAS=BIAS, MASK=MASK)
     store_tile(dQ + q_base, kept_scaled(dq * sm_scale, keep_scale, DROP_THRESHOLD), offs_m, offs_d, STRIDE, seq_q,
                HEAD_DIM, BLOCK_D != HEAD_DIM)
 

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .dropout import keep, load_seed
-from .masking import (dense_plane, element_tiles, head_start, key_blocks, load_ids, load_tile, persistent_rounds,
+from .masking import (dense_planes, element_tiles, head_start, key_blocks, load_ids, load_tile, persistent_rounds,
                       persistent_tile, place, span_block, span_blocks, store_tile, tile_order)
 from .configs import TILED_GROUP_PROGRAMS
 from .scores import dense_start, scores
@@ -239,12 +239,7 @@ def _fwd_tile(start_m, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg,
     start, full_start, full_end, end = key_blocks(start_m, seq_q, seq_k, lo_off, hi_off, KeyRanges, b, BLOCK_M,
                                                   BLOCK_N, BANDED, SEGMENTS or MASK > 0)
     q_ids = load_ids(QSeg, b, offs_m, seq_q, SEGMENTS)
-    bias = 0
-    if BIAS:
-        bias = dense_plane(Bias, b, h, seq_q, seq_k, H, BIAS)
-    mask = 0
-    if MASK:
-        mask = dense_plane(Mask, b, h, seq_q, seq_k, H, MASK)
+    bias, mask = dense_planes(Bias, Mask, b, h, seq_q, seq_k, H, BIAS, MASK)
     seed = load_seed(Seeds, bh, DROP_THRESHOLD)
     v_descale = 1.0
     if P8_LOG2 > 0:
@@ -269,26 +264,19 @@ def _fwd_tile(start_m, bh, q_desc, k_desc, v_desc, Q, K, V, Slopes, Seeds, QSeg,
         # key blocks every row sees, unmasked, and those at the band's edges, masked (one loop, both spans);
         # EDGES_FIRST: the masked ones first; EDGES == 2: those only
         for i in tl.static_range(2):
-            if (i == 0) == EDGES_FIRST:
-                acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col,
-                                           start, full_start, full_end, end, start_m, seq_q, seq_k, lo_off, hi_off,
-                                           diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
-                                           bias, mask, MASKED=True, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
+            if (i == 0) == EDGES_FIRST:  # this pass: the edges' spans, masked
+                lo, hi, lo2, hi2 = start, full_start, full_end, end
+            else:  # the blocks every row sees, unmasked
+                lo, hi, lo2, hi2 = full_start, full_end, full_end, full_end
+            if (i == 0) == EDGES_FIRST or EDGES != 2:
+                acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col, lo, hi,
+                                           lo2, hi2, start_m, seq_q, seq_k, lo_off, hi_off, diag, pos_q, pos_k,
+                                           sm_scale, softcap, slope, q_ids, KSeg, b, seed, bias, mask,
+                                           MASKED=(i == 0) == EDGES_FIRST, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
                                            BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
                                            SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                                           DROP_THRESHOLD=DROP_THRESHOLD,
-                                           P8_LOG2=P8_LOG2, TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS,
-                                           BIAS=BIAS, MASK=MASK)
-            elif EDGES != 2:
-                acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, kv_row, kv_col,
-                                           full_start, full_end, full_end, full_end, start_m, seq_q, seq_k, lo_off,
-                                           hi_off, diag, pos_q, pos_k, sm_scale, softcap, slope, q_ids, KSeg, b, seed,
-                                           bias, mask, MASKED=False, STRIDE_KV=STRIDE_KV, HEAD_DIM=HEAD_DIM,
-                                           BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BANDED=BANDED,
-                                           SOFTCAP=SOFTCAP, ALIBI=ALIBI, SEGMENTS=SEGMENTS,
-                                           DROP_THRESHOLD=DROP_THRESHOLD,
-                                           P8_LOG2=P8_LOG2, TMA=False, WARP_SPECIALIZE=False, POSITIONS=POSITIONS,
-                                           BIAS=BIAS, MASK=MASK)
+                                           DROP_THRESHOLD=DROP_THRESHOLD, P8_LOG2=P8_LOG2, TMA=False,
+                                           WARP_SPECIALIZE=False, POSITIONS=POSITIONS, BIAS=BIAS, MASK=MASK)
 
     # rows that saw no key: output 0, lse -inf
     empty = l_i == 0.0

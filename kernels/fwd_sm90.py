@@ -24,7 +24,7 @@ per SM, each running its tiles in masking.persistent_tile's order with one descr
 blocks only), the K / V rings' position carried from tile to tile; the groups release Q's buffer after a tile's last
 q.k (q_empty), and the output has buffers of its own, so the load warp brings the next tile's Q and keys while the
 groups finish a tile (the tiled grid pays that fill per program: H200, 16 x 1024 x 16 x 128 0.325 -> 0.256 ms).
-fp8 with each tile's descales (configs.SM90_GLUON_FWD_FP8). CARRY (_carried_tiles): two tiles' Q buffers, and a
+fp8 with each tile's descales (configs.SM90_GLUON_FWD_FP8). CARRY: two tiles' Q buffers, and a
 group issues the next tile's first q.k before its tile's last P.V, so its change of tile leaves no gap on the tensor
 cores (H200, D 64 4 x 4096 x 32 1.333 -> 1.305 ms, causal 0.707 -> 0.673). PINGPONG without CARRY: the groups' turns
 run on across tiles."""
@@ -62,6 +62,16 @@ def keys_last_tiles(Vt, b, seq_k, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BL
     layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HEAD_DIM, BLOCK_N], Vt.dtype.element_ty)
     return tma.make_tensor_descriptor(Vt, [(b + 1) * KV_H * HEAD_DIM, seq_pad], [seq_pad, 1], [HEAD_DIM, BLOCK_N],
                                       layout)
+
+
+@gluon.jit
+def _turns(PINGPONG: gl.constexpr):
+    """The consumer groups' turn mbarriers (PINGPONG's, _my_turn), initialised if PINGPONG."""
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    if PINGPONG:
+        mbarrier.init(turn.index(0), count=1)
+        mbarrier.init(turn.index(1), count=1)
+    return turn
 
 
 @gluon.jit
@@ -409,104 +419,86 @@ def _consume_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, Q
                    MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr,
                    CARRY: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr):
     """A persistent program's consumer group: its tiles one after another, the rings' position carried across them.
-    CARRY (_carried_tiles): two tiles' Q buffers, the next tile's first q.k issued before a tile's last P.V and its
+    CARRY: two tiles' Q buffers, the next tile's first q.k issued before a tile's last P.V and its
     softmax run before the tile's output is written, so the tensor cores do not wait for a group's change of tile.
     PINGPONG (without CARRY): the groups' turns run on from tile to tile (_first's lap)."""
     gl.static_assert(not (CARRY and PINGPONG), "PINGPONG is for persistent programs without CARRY")
     rounds = persistent_rounds(n_m * n_rows)
-    if not CARRY:  # each tile as a tiled grid's program would run it
-        ring = 0
-        for r in range(rounds):
-            start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
-                r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI,
-                DROP_THRESHOLD)
-            scale, v_descale = _scales(QDescale, KDescale, VDescale, b, kv_h, sm_scale, KV_H, P8_LOG2)
-            _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar.index(0), turn, k_ready, v_ready, k_empty,
-                     v_empty, b * seq_q + start_m, h * HEAD_DIM, bh.to(gl.int64) * seq_q, start_m, start, full_start,
-                     full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, scale, softcap, slope, seed, keep_scale,
-                     v_descale, HALF, HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD,
-                     P8_LOG2, PINGPONG, ring, r & 1, q_empty.index(0), True)
-            ring += n_blocks
-    else:
-        _carried_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, QDescale, KDescale, VDescale,
-                       q_bar, q_empty, k_ready, v_ready, k_empty, v_empty, n_m, n_rows, rounds, seq_q, seq_k, lo_off,
-                       hi_off, sm_scale, softcap, keep_scale, HALF, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED,
-                       MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2)
-    tma.store_wait(0)
-
-
-@gluon.jit
-def _carried_tiles(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, Slopes, Seeds, QDescale, KDescale, VDescale, q_bar,
-                   q_empty, k_ready, v_ready, k_empty, v_empty, n_m, n_rows, rounds, seq_q, seq_k, lo_off, hi_off,
-                   sm_scale, softcap, keep_scale, HALF: gl.constexpr, H: gl.constexpr, KV_H: gl.constexpr,
-                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr,
-                   MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr,
-                   P8_LOG2: gl.constexpr):
-    """_consume_tiles with CARRY: tile r's Q in q_smem[2 (r % 2) + HALF] (q_bar[r % 2], released to q_empty[r % 2]),
-    the next tile's block 0 run at the end of the tile before. Tile 0's block 0 comes first, so a program needs at
-    least one round (plan.persistent_programs: never more programs than tiles)."""
-    s_layout: gl.constexpr = _layout("s", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
-    o_layout: gl.constexpr = _layout("o", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
-    p_layout: gl.constexpr = _layout("p", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
-    k_idx = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
-    start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
-        0, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI, DROP_THRESHOLD)
-    scale, v_descale = _scales(QDescale, KDescale, VDescale, b, kv_h, sm_scale, KV_H, P8_LOG2)
-    mbarrier.wait(q_bar.index(0), 0)
-    p, m, l, qk = _first(q_smem.index(HALF), k_smem, k_ready, k_empty, None, 0,
-                         gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
-                         gl.expand_dims(_group_rows(start_m, HALF, s_layout), 1), k_idx, start, full_start, full_end,
-                         seq_q, seq_k, lo_off, hi_off, scale, softcap, slope, seed, s_layout, HALF, BANDED,
-                         MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, False)
+    if CARRY:  # tile r's Q in q_smem[2 (r % 2) + HALF] (q_bar[r % 2], released to q_empty[r % 2]), the next tile's
+        # block 0 run at the end of the tile before. Tile 0's block 0 comes first, so a program needs at least one
+        # round (plan.persistent_programs: never more programs than tiles).
+        s_layout: gl.constexpr = _layout("s", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
+        o_layout: gl.constexpr = _layout("o", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
+        p_layout: gl.constexpr = _layout("p", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
+        k_idx = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+        start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
+            0, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI,
+            DROP_THRESHOLD)
+        scale, v_descale = _scales(QDescale, KDescale, VDescale, b, kv_h, sm_scale, KV_H, P8_LOG2)
+        mbarrier.wait(q_bar.index(0), 0)
+        p, m, l, qk = _first(q_smem.index(HALF), k_smem, k_ready, k_empty, None, 0,
+                             gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
+                             gl.expand_dims(_group_rows(start_m, HALF, s_layout), 1), k_idx, start, full_start,
+                             full_end, seq_q, seq_k, lo_off, hi_off, scale, softcap, slope, seed, s_layout, HALF,
+                             BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, False)
     ring = 0
     for r in range(rounds):
         start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
             r, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI,
             DROP_THRESHOLD)
         scale, v_descale = _scales(QDescale, KDescale, VDescale, b, kv_h, sm_scale, KV_H, P8_LOG2)
-        rows = _group_rows(start_m, HALF, s_layout)
-        p, m, l, acc, qk = _blocks(q_smem.index(2 * (r % 2) + HALF), k_smem, v_smem, k_ready, v_ready, k_empty,
-                                   v_empty, None, ring, n_blocks, p, m, l,
-                                   gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout), qk, gl.expand_dims(rows, 1),
-                                   k_idx, start, full_start, full_end, seq_q, seq_k, lo_off, hi_off, scale, softcap,
-                                   slope, seed, s_layout, o_layout, p_layout, HALF, BANDED, MAY_MASK, SOFTCAP, ALIBI,
-                                   DROP_THRESHOLD, P8_LOG2, False)
-        mbarrier.arrive(q_empty.index(r % 2))  # every q.k of the tile is done
-        last = ring + n_blocks - 1
-        ring += n_blocks
-        q_row = b * seq_q + start_m + HALF * ROWS
-        q_col = h * HEAD_DIM
-        lse_row = bh.to(gl.int64) * seq_q
-        if r + 1 < rounds:
-            # the next tile's block 0, its q.k issued before this tile's last P.V so that they run back to back
-            start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
-                r + 1, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI,
-                DROP_THRESHOLD)
-            mbarrier.wait(q_bar.index((r + 1) % 2), ((r + 1) // 2) & 1)
-            mbarrier.wait(k_ready.index(ring % STAGES), (ring // STAGES) & 1)
-            qk = warpgroup_mma(q_smem.index(2 * ((r + 1) % 2) + HALF), k_smem.index(ring % STAGES).permute((1, 0)),
-                               qk, use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-            acc = _pv(p, v_smem.index(last % STAGES), acc, p_layout, P8_LOG2 > 0)
-            qk = warpgroup_mma_wait(1, deps=(qk,))
-            mbarrier.arrive(k_empty.index(ring % STAGES))
-            scale_next, _ = _scales(QDescale, KDescale, VDescale, b, kv_h, sm_scale, KV_H, P8_LOG2)
-            p, m_next, l_next, _ = _online(
-                qk, gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout)),
-                gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout)),
-                gl.expand_dims(_group_rows(start_m, HALF, s_layout), 1), k_idx, start,
-                (start < full_start) | (start >= full_end), seq_q, seq_k, lo_off, hi_off, scale_next, softcap, slope,
-                seed, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            mbarrier.arrive(v_empty.index(last % STAGES))
-            _finish(acc, m, l, o_smem.index(HALF), o_desc, Lse, q_row, q_col, lse_row, rows, seq_q, keep_scale,
-                    v_descale, o_layout, DROP_THRESHOLD, P8_LOG2, True)
-            m = m_next
-            l = l_next
+        if not CARRY:  # each tile as a tiled grid's program would run it
+            _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar.index(0), turn, k_ready, v_ready, k_empty,
+                     v_empty, b * seq_q + start_m, h * HEAD_DIM, bh.to(gl.int64) * seq_q, start_m, start, full_start,
+                     full_end, n_blocks, seq_q, seq_k, lo_off, hi_off, scale, softcap, slope, seed, keep_scale,
+                     v_descale, HALF, HEAD_DIM, BLOCK_N, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD,
+                     P8_LOG2, PINGPONG, ring, r & 1, q_empty.index(0), True)
+            ring += n_blocks
         else:
-            _close(p, acc, m, l, v_smem, v_ready, v_empty, None, last, o_smem.index(HALF), o_desc, Lse, q_row,
-                   q_col, lse_row, rows, seq_q, keep_scale, v_descale, o_layout, p_layout, HALF, DROP_THRESHOLD,
-                   P8_LOG2, False, True)
+            rows = _group_rows(start_m, HALF, s_layout)
+            p, m, l, acc, qk = _blocks(q_smem.index(2 * (r % 2) + HALF), k_smem, v_smem, k_ready, v_ready, k_empty,
+                                       v_empty, None, ring, n_blocks, p, m, l,
+                                       gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout), qk, gl.expand_dims(rows, 1),
+                                       k_idx, start, full_start, full_end, seq_q, seq_k, lo_off, hi_off, scale,
+                                       softcap, slope, seed, s_layout, o_layout, p_layout, HALF, BANDED, MAY_MASK,
+                                       SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, False)
+            mbarrier.arrive(q_empty.index(r % 2))  # every q.k of the tile is done
+            last = ring + n_blocks - 1
+            ring += n_blocks
+            q_row = b * seq_q + start_m + HALF * ROWS
+            q_col = h * HEAD_DIM
+            lse_row = bh.to(gl.int64) * seq_q
+            if r + 1 < rounds:
+                # the next tile's block 0, its q.k issued before this tile's last P.V so that they run back to back
+                start_m, bh, b, h, kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile_of(
+                    r + 1, n_m, n_rows, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI,
+                    DROP_THRESHOLD)
+                mbarrier.wait(q_bar.index((r + 1) % 2), ((r + 1) // 2) & 1)
+                mbarrier.wait(k_ready.index(ring % STAGES), (ring // STAGES) & 1)
+                qk = warpgroup_mma(q_smem.index(2 * ((r + 1) % 2) + HALF), k_smem.index(ring % STAGES).permute((1, 0)),
+                                   qk, use_acc=False, is_async=True)
+                mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+                acc = _pv(p, v_smem.index(last % STAGES), acc, p_layout, P8_LOG2 > 0)
+                qk = warpgroup_mma_wait(1, deps=(qk,))
+                mbarrier.arrive(k_empty.index(ring % STAGES))
+                scale_next, _ = _scales(QDescale, KDescale, VDescale, b, kv_h, sm_scale, KV_H, P8_LOG2)
+                p, m_next, l_next, _ = _online(
+                    qk, gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout)),
+                    gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout)),
+                    gl.expand_dims(_group_rows(start_m, HALF, s_layout), 1), k_idx, start,
+                    (start < full_start) | (start >= full_end), seq_q, seq_k, lo_off, hi_off, scale_next, softcap,
+                    slope, seed, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2)
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+                mbarrier.arrive(v_empty.index(last % STAGES))
+                _finish(acc, m, l, o_smem.index(HALF), o_desc, Lse, q_row, q_col, lse_row, rows, seq_q, keep_scale,
+                        v_descale, o_layout, DROP_THRESHOLD, P8_LOG2, True)
+                m = m_next
+                l = l_next
+            else:
+                _close(p, acc, m, l, v_smem, v_ready, v_empty, None, last, o_smem.index(HALF), o_desc, Lse, q_row,
+                       q_col, lse_row, rows, seq_q, keep_scale, v_descale, o_layout, p_layout, HALF, DROP_THRESHOLD,
+                       P8_LOG2, False, True)
+    tma.store_wait(0)
 
 
 @gluon.jit
@@ -586,10 +578,7 @@ def _persistent(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, 
     for s in gl.static_range(2):
         mbarrier.init(q_bar.index(s), count=1)
         mbarrier.init(q_empty.index(s), count=2)
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # PINGPONG's: _my_turn
-    if PINGPONG:
-        mbarrier.init(turn.index(0), count=1)
-        mbarrier.init(turn.index(1), count=1)
+    turn = _turns(PINGPONG)
     k_ready, v_ready, k_empty, v_empty = kv_rings(STAGES)
     fence_async_shared()
     n_m = gl.cdiv(seq_q, 2 * ROWS)
@@ -645,10 +634,7 @@ def _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softc
         o_smem = q_smem
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # PINGPONG's: _my_turn
-    if PINGPONG:
-        mbarrier.init(turn.index(0), count=1)
-        mbarrier.init(turn.index(1), count=1)
+    turn = _turns(PINGPONG)
     k_ready, v_ready, k_empty, v_empty = kv_rings(STAGES)
     fence_async_shared()
 

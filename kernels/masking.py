@@ -146,6 +146,18 @@ def dense_plane(Dense, b, h, seq_q, seq_k, H: tl.constexpr, LAYOUT: tl.constexpr
 
 
 @triton.jit
+def dense_planes(Bias, Mask, b, h, seq_q, seq_k, H: tl.constexpr, BIAS: tl.constexpr, MASK: tl.constexpr):
+    """(bias, mask): the planes (dense_plane) of the operands present, 0 for those absent."""
+    bias = 0
+    if BIAS:
+        bias = dense_plane(Bias, b, h, seq_q, seq_k, H, BIAS)
+    mask = 0
+    if MASK:
+        mask = dense_plane(Mask, b, h, seq_q, seq_k, H, MASK)
+    return bias, mask
+
+
+@triton.jit
 def dense_tile(plane, q_idx, k_idx, seq_q, seq_k, other, LAYOUT: tl.constexpr):
     """The dense operand's values at (q_idx, k_idx) of a plane (dense_plane), broadcast as the indices are
     ([BM, 1] / [1, BN], or transposed); `other` past the sequences."""
