@@ -44,7 +44,7 @@ import numpy as np
 from jax_flash_amd import _jax_triton_compat, _kernel_factory, _launch, fp8, plan
 from jax_flash_amd.operands import Operands
 from jax_flash_amd.rules import Band
-from jax_flash_amd.kernels import configs, fwd
+from jax_flash_amd.kernels import configs
 
 AMD_ARCHS = ("gfx90a", "gfx942", "gfx950")
 # Bytes of LDS per workgroup (AMD: per CU) and shared memory per block (sm90, opt-in maximum).
@@ -154,14 +154,14 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
     if fp8.is_fp8(dtype):  # inference: the forward only
         extras = Operands(**dict.fromkeys(("q_descale", "k_descale", "v_descale"), jnp.ones((1, 16), jnp.float32)))
         _launch.forward(run, target, x, x, x, extras, statics=_launch.Statics(head_dim ** -0.5, band))
-        return [("fwd", next(launch for launch in recorded if launch.kernel is fwd.attn_fwd))]
+        return [("fwd", next(launch for launch in recorded if launch.kernel.__name__ in ("attn_fwd", "attn_fwd_sm90")))]
     out, lse = _launch.forward(run, target, x, kv, kv, extras, statics=statics)
     if kind == "linear":
         del recorded[:]
     with plan.using(plan.active().replace(linear_backward=kind == "linear")):
         _launch.backward(run, target, x, kv, kv, out, lse, out, lse, extras, statics=statics)
     names = {"attn_fwd": "fwd", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq", "attn_bwd_dq_ds": "dqds",
-             "attn_bwd_dbias": "dbias"}
+             "attn_bwd_dbias": "dbias", "attn_fwd_sm90": "fwd", "attn_bwd_dkdv_sm90": "dkdv"}  # sm90: Gluon kernels
 
     def name(launch):
         if launch.kernel.__name__ == "attn_bwd_dkdv_dq":

@@ -207,6 +207,8 @@ _CUDA = {
     "dq+dropout": _with(_CUDA_DQ, 128, "-dropout", block_m=128, block_n=64, num_warps=8, num_stages=3),
     "dkdv+gqa": _with(_CUDA_DKDV, 128, "-gqa", num_stages=3),
     "fwd+fp8": _with(_CUDA_FWD, 128, "-fp8", block_m=64, block_n=128, num_warps=4, num_stages=3),
+    # a dense bias or mask tile per block: three stages of it overflow sm90's 227 KB (D 128 bf16 256 KB)
+    "fwd+dense": _with(_CUDA_FWD, 128, "-dense", num_stages=2),
     "keys_last": _KEYS_LAST,
 }
 

@@ -9,7 +9,9 @@ import triton.language as tl
 from .masking import dense_tile, visible
 
 LOG2E = tl.constexpr(1.4426950408889634)
-FLT_MAX = tl.constexpr(3.4028234663852886e38)
+# a bias's floor (finfo.min and -inf hide a pair): 2^-3 of float32's range, so that q.k added to it in a tensor
+# core's accumulator (not IEEE-rounded) cannot overflow to -inf and empty a row a bias hides entirely
+BIAS_FLOOR = tl.constexpr(-2.0 ** 125)
 
 
 @triton.jit
@@ -68,7 +70,7 @@ def scores(qk, q_idx, k_idx, q_ids, k_ids, seq_q, seq_k, lo_off, hi_off, diag, s
         s, dlogit = logits2(qk, q_idx, k_idx, diag, sm_scale, softcap, slope, SOFTCAP, ALIBI)
         if LATE_BIAS:  # floored as dense_start floors it
             s = s + tl.maximum(dense_tile(bias, q_idx, k_idx, seq_q, seq_k, 0.0, BIAS).to(tl.float32) * LOG2E,
-                               -FLT_MAX)
+                               BIAS_FLOOR)
         scale2 = 1.0
     else:
         s = qk
@@ -98,12 +100,12 @@ def dense_start(bias, mask, q_idx, k_idx, seq_q, seq_k, sm_scale, SHAPE: tl.cons
     sm_scale (q.k's units), and with a dense mask, -inf where it hides the pair; zeros without them or under
     SOFTCAP (scores applies them then: softcap comes first). In the accumulator the tiles take the product's
     layout; added after it, Triton ran the softmax in the tiles' layout as well (gfx942 D 128: 3x the exponentials
-    and 372 bytes of spills; sm90 too, amd_report). A bias floors at -FLT_MAX / max(1, scale * log2 e), finite
+    and 372 bytes of spills; sm90 too, amd_report). A bias floors at BIAS_FLOOR / max(1, scale * log2 e), finite
     after scaling: finfo.min (a common "hide" bias; -inf the same) hides a pair, and a row of only those is
     uniform, as in jax.nn, not empty."""
     start = tl.zeros(SHAPE, tl.float32)
     if BIAS and not SOFTCAP:
-        floor = -FLT_MAX / tl.maximum(sm_scale * LOG2E, 1.0)
+        floor = BIAS_FLOOR / tl.maximum(sm_scale * LOG2E, 1.0)
         b = dense_tile(bias, q_idx, k_idx, seq_q, seq_k, 0.0, BIAS).to(tl.float32)
         start += tl.maximum(b * (1.0 / sm_scale), floor)
     if MASK and not SOFTCAP:
