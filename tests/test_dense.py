@@ -204,7 +204,8 @@ def test_vmap_over_a_bias_call(impl):
     ("gfx942", "padding", (-1, -1), "gfx942/fwd/d128"),  # a row of keys, not a tile per block
     ("gfx950", "bias", (-1, -1), "gfx950/fwd/d128-dense"),
     ("gfx90a", "bias", (-1, -1), "gfx90a/fwd/d128"),  # its rows hold a bias tile (amd_report)
-    ("cuda", "bias", (100, 0), "cuda/fwd/d128-window"),  # no "+dense" table: the next kind's
+    ("cuda", "bias", (100, 0), "cuda/fwd/d128-dense"),  # ahead of the window's (its stages fit shared memory)
+    ("cuda", "padding", (100, 0), "cuda/fwd/d128-window"),  # no tile per block: the next kind's
 ])
 def test_dense_tiles_take_the_dense_rows(target, dense, window, row):
     """A bias or mask that varies along queries and keys takes a target's "fwd+dense" rows (more registers per
