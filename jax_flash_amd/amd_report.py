@@ -151,17 +151,17 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
         extras = Operands(bias=jnp.zeros((1, 16, 1024, 1024), jnp.dtype(dtype)))
     if kind == "mask":
         extras = Operands(mask=jnp.ones((1, 1, 1024, 1024), bool))
+    names = {"attn_fwd": "fwd", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq", "attn_bwd_dq_ds": "dqds",
+             "attn_bwd_dbias": "dbias", "attn_fwd_sm90": "fwd", "attn_bwd_dkdv_sm90": "dkdv"}  # sm90: Gluon kernels
     if fp8.is_fp8(dtype):  # inference: the forward only
         extras = Operands(**dict.fromkeys(("q_descale", "k_descale", "v_descale"), jnp.ones((1, 16), jnp.float32)))
         _launch.forward(run, target, x, x, x, extras, statics=_launch.Statics(head_dim ** -0.5, band))
-        return [("fwd", next(launch for launch in recorded if launch.kernel.__name__ in ("attn_fwd", "attn_fwd_sm90")))]
+        return [("fwd", next(launch for launch in recorded if names.get(launch.kernel.__name__) == "fwd"))]
     out, lse = _launch.forward(run, target, x, kv, kv, extras, statics=statics)
     if kind == "linear":
         del recorded[:]
     with plan.using(plan.active().replace(linear_backward=kind == "linear")):
         _launch.backward(run, target, x, kv, kv, out, lse, out, lse, extras, statics=statics)
-    names = {"attn_fwd": "fwd", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq", "attn_bwd_dq_ds": "dqds",
-             "attn_bwd_dbias": "dbias", "attn_fwd_sm90": "fwd", "attn_bwd_dkdv_sm90": "dkdv"}  # sm90: Gluon kernels
 
     def name(launch):
         if launch.kernel.__name__ == "attn_bwd_dkdv_dq":

@@ -817,10 +817,7 @@ def attn_bwd_dbias(Q, K, V, Slopes, Seeds, QSeg, KSeg, KeyRanges, Positions, Bia
             slope = 0.0
             if ALIBI:
                 slope = tl.load(Slopes + bh)
-            mask = 0
-            if MASK:
-                mask = dense_plane(Mask, b, h, seq_q, seq_k, H, MASK)
-            bias = dense_plane(Bias, b, h, seq_q, seq_k, H, BIAS)
+            bias, mask = dense_planes(Bias, Mask, b, h, seq_q, seq_k, H, BIAS, MASK)
             s0 = dense_start(bias, mask, offs_m[:, None], offs_n[None, :], seq_q, seq_k, sm_scale,
                              [BLOCK_M, BLOCK_N], BIAS, MASK, SOFTCAP)
             s, scale2, dlogit = scores(tl.dot(q, tl.trans(k), s0, input_precision="ieee"), offs_m[:, None],
