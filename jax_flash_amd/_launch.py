@@ -231,7 +231,7 @@ def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Oper
     """(dq, dk, dv) for cotangents dout (like out) and dlse (of the natural lse); lse2 as forward returns it. With
     a dense bias, (dq, dk, dv, dbias)."""
     plan = plans.plan_backward(call_of(target, q, k, extras, statics, rows, policy))
-    if plan.step("dkdv").kernel == "attn_bwd_dkdv_dq":
+    if plan.step("dkdv").kernel in ("attn_bwd_dkdv_dq", "attn_bwd_dkdvdq_sm90"):  # the linear backward
         delta = _delta(out, dout, dlse)
         dq, dk, dv = _linear(plan, run, q, k, v, dout, lse2, delta, extras, statics)
     elif plan.step("dqds") is None:
@@ -286,6 +286,8 @@ def _linear(plan: Plan, run: Run, q, k, v, dout, lse2, delta, extras: Operands, 
     the sum in place in zeroed buffers (aliased to the outputs), then scaled and cast."""
     step, dv_step = plan.step("dkdv"), plan.step("dv")
     b, sq, h, _ = q.shape
+    if step.kernel == "attn_bwd_dkdvdq_sm90":
+        return _linear_sm90(step, run, q, k, v, dout, lse2, delta, extras, statics)
     locks = (b, h, _cdiv(sq, step.flags["BLOCK_M"])) if step.flags["DQ"] == 2 else (1,)
     inputs = dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, step.flags["BLOCK_N"], q, k), dOut=dout, Lse=lse2,
                   Delta=delta, DQAcc=jnp.zeros(q.shape, jnp.float32), Locks=jnp.zeros(locks, jnp.int32),
@@ -303,6 +305,33 @@ def _linear(plan: Plan, run: Run, q, k, v, dout, lse2, delta, extras: Operands, 
                                    (unwritten, dv_shape, jax.ShapeDtypeStruct((1,), jnp.float32),
                                     jax.ShapeDtypeStruct((1,), jnp.int32)), extras))
     return (dq * ds_scale(statics)).astype(q.dtype), dk, dv
+
+
+def _linear_sm90(step, run: Run, q, k, v, dout, lse2, delta, extras: Operands, statics: Statics):
+    """_linear through the Gluon kernel (bwd_sm90.attn_bwd_dkdvdq_sm90): a lock per dQ half."""
+    from jax_flash_amd.kernels import bwd_sm90  # Gluon: imported only where it runs
+
+    b, sq, h, _ = q.shape
+    locks = (b, h, _cdiv(sq, step.flags["BLOCK_M"]), 2) if step.flags["DQ"] == 2 else (1,)
+    lse2, delta, lse_len = _lse_rows(lse2, delta)
+    inputs = dict(Q=q, K=k, V=v, dOut=dout, Lse=lse2, Delta=delta, lse_len=lse_len,
+                  DQAcc=jnp.zeros(q.shape, jnp.float32), Locks=jnp.zeros(locks, jnp.int32),
+                  **_gluon_scalars(_scalars(q, k, statics)))
+    params = _params(bwd_sm90.attn_bwd_dkdvdq_sm90)
+    one = _of_step(step, bwd_sm90.attn_bwd_dkdvdq_sm90, inputs,
+                   (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+                    jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct(locks, jnp.int32)), extras)
+    dk, dv, dq, _ = run(dataclasses.replace(one, aliases=((params.index("DQAcc"), 2), (params.index("Locks"), 3))))
+    return (dq * ds_scale(statics)).astype(q.dtype), dk, dv
+
+
+def _lse_rows(lse2, delta):
+    """(lse2, delta, lse_len): rows padded to a multiple of 4, 16-byte aligned as the Gluon kernels' TMA tiles need."""
+    sq = lse2.shape[-1]
+    lse_len = _cdiv(sq, 4) * 4
+    if lse_len != sq:
+        lse2, delta = (jnp.pad(x, ((0, 0), (0, 0), (0, lse_len - sq))) for x in (lse2, delta))
+    return lse2, delta, lse_len
 
 
 def _seven_products(plan: Plan, run: Run, q, k, v, out, lse2, dout, dlse, extras: Operands, statics: Statics):
@@ -329,9 +358,7 @@ def _dkdv(plan: Plan, run: Run, q, k, v, dout, lse2, delta, extras: Operands, st
     if step.kernel == "attn_bwd_dkdv_sm90":
         from jax_flash_amd.kernels import bwd_sm90  # Gluon: imported only where it runs
 
-        lse_len = _cdiv(sq, 4) * 4  # lse's and delta's rows 16-byte aligned, as the kernel's TMA tiles need
-        if lse_len != sq:
-            lse2, delta = (jnp.pad(x, ((0, 0), (0, 0), (0, lse_len - sq))) for x in (lse2, delta))
+        lse2, delta, lse_len = _lse_rows(lse2, delta)
         return run(_of_step(step, bwd_sm90.attn_bwd_dkdv_sm90,
                             dict(Q=q, K=k, V=v, dOut=dout, Lse=lse2, Delta=delta, lse_len=lse_len,
                                  **_gluon_scalars(scalars)),

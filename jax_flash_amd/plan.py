@@ -46,6 +46,7 @@ class Policy:
     gluon_fwd: tuple[GluonRow, ...] = configs.SM90_GLUON_FWD
     gluon_fwd_fp8: tuple[GluonRow, ...] = configs.SM90_GLUON_FWD_FP8
     gluon_dkdv: tuple[GluonRow, ...] = configs.SM90_GLUON_DKDV
+    gluon_dkdvdq: tuple[GluonRow, ...] = configs.SM90_GLUON_DKDVDQ
     rows: tuple[tuple[str, Any], ...] = ()
     compute_units: int | None = None
     compiled_warps: bool | None = None
@@ -564,6 +565,14 @@ def gluon_dkdv_row(call: Call) -> GluonRow | None:
     return _gluon_row(call, call.policy.gluon_dkdv, keys=True)
 
 
+def gluon_dkdvdq_row(call: Call) -> GluonRow | None:
+    """The Gluon linear backward's row (kernels/bwd_sm90.py attn_bwd_dkdvdq_sm90), or None (the pointer row), as
+    gluon_dkdv_row."""
+    if gluon_dkdv_row(call) is None:
+        return None
+    return _gluon_row(call, call.policy.gluon_dkdvdq, keys=True)
+
+
 # ----- the forward -----
 
 def _keys_last_step(call: Call, mma_order: bool) -> Step:
@@ -759,22 +768,34 @@ def _linear_steps(call: Call) -> tuple[Step, ...]:
     """The linear backward (Policy.linear_backward): one pass over the dK/dV pointer row's tiles, five products per
     tile, each tile's dS K added to a float32 buffer of Q's size; in key-block order through a lock per query
     block (deterministic) or by atomics. A SPLIT row's dV runs in a launch of its own."""
+    mode = 2 if call.deterministic else 1
+    order = "in key-block order (deterministic)" if mode == 2 else "by atomics (deterministic=False)"
+    why = f"linear backward (Policy.linear_backward): dS K summed into float32 {order}"
+    delta = _step("delta", "xla", None, (), "xla", {}, {}, "delta = rowsum(dO * O) - dlse, one fused XLA pass",
+                  call.batch * call.heads * call.seq_q * 4)
+    dq = _step("dq", "xla", None, (), "xla", {}, {}, "dQ = scale x the float32 sum, cast (XLA)")
+    acc = call.batch * call.seq_q * call.heads * call.head_dim * 4
+    grow = gluon_dkdvdq_row(call)
+    if grow is not None:
+        flags = {k: v for k, v in _common(call).items() if k != "BLOCK_D"}
+        flags.update(BLOCK_M=grow.block_m, STAGES=grow.stages, CONSUMER_REGS=grow.consumer_regs, DQ=mode,
+                     EVEN=call.seq_q % grow.block_m == 0 and call.seq_k % (2 * GLUON_ROWS) == 0)
+        locks = call.batch * call.heads * _cdiv(call.seq_q, grow.block_m) * 2 * 4 if mode == 2 else 0
+        return (delta, _step("dkdv", "attn_bwd_dkdvdq_sm90", grow,
+                             (_cdiv(call.seq_k, 2 * GLUON_ROWS), call.batch * call.kv_heads), "tiled", flags,
+                             {"num_warps": grow.num_warps}, f"Gluon {why}; each group adds half of dQ's columns",
+                             acc + locks), dq)
     # its own rows where the target has them (a float32 dQ tile more than dK/dV's: AMD's spill), else dK/dV's
     row = pick(call, "dkdvdq" if "dkdvdq" in configs.TARGETS[call.target] else "dkdv", tma=False)
-    mode = 2 if call.deterministic else 1
     grid = (_cdiv(call.seq_k, row.block_n), call.batch * call.kv_heads)
     flags = {**_common(call), "BLOCK_M": row.block_m, "BLOCK_N": row.block_n, "DQ": mode}
     locks = call.batch * call.heads * _cdiv(call.seq_q, row.block_m) * 4 if mode == 2 else 0
-    order = "in key-block order (deterministic)" if mode == 2 else "by atomics (deterministic=False)"
-    why = f"linear backward (Policy.linear_backward): dS K summed into float32 {order}"
-    steps = [_step("delta", "xla", None, (), "xla", {}, {}, "delta = rowsum(dO * O) - dlse, one fused XLA pass",
-                   call.batch * call.heads * call.seq_q * 4),
-             _step("dkdv", "attn_bwd_dkdv_dq", row, grid, "tiled", {**flags, "DV": not row.split}, row.options(), why,
-                   call.batch * call.seq_q * call.heads * call.head_dim * 4 + locks)]
+    steps = [delta, _step("dkdv", "attn_bwd_dkdv_dq", row, grid, "tiled", {**flags, "DV": not row.split},
+                          row.options(), why, acc + locks)]
     if row.split:
         steps.append(_step("dv", "attn_bwd_dkdv_dq", row, grid, "tiled", {**flags, "DQ": 0, "DK": False},
                            row.options(), "SPLIT row: dV in programs of its own"))
-    return (*steps, _step("dq", "xla", None, (), "xla", {}, {}, "dQ = scale x the float32 sum, cast (XLA)"))
+    return (*steps, dq)
 
 
 def plan_backward(call: Call) -> Plan:

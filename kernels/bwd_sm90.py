@@ -19,16 +19,18 @@ Descriptors are bounded at the end of the program's batch element (masking.eleme
 > 0, a row's PERSISTENT: plan.gluon_programs): about one program per SM over masking.persistent_tile's tiles,
 descriptors over the whole batch (whole blocks only), the ring carried across tiles and two tiles' K / V buffers.
 SPANS: each group passes over the query steps that see none of its keys (_consume_tile)."""
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .bwd import ds_col, ds_shape, kept_scaled
+from .bwd import _pass_turn, _wait_turn, ds_col, ds_shape, kept_scaled
 from .configs import TILED_GROUP_PROGRAMS
 from .dropout import dropped_ds, keep_at
 from .fwd_sm90 import ROWS, block_scores, head_scalars, tiles, tma_load, tma_store
 from .masking import persistent_rounds, persistent_tile, query_blocks, tile_order
+
 
 
 @gluon.jit
@@ -139,11 +141,66 @@ def _unseen(start_m, first_key, lo_off, hi_off, BLOCK_M: gl.constexpr, BANDED: g
 
 
 @gluon.jit
+def _dq_half(ds_q, dq_bar, k_lo, k_hi, g, HALF: gl.constexpr):
+    """Step g's dQ columns [HALF * D / 2, + D / 2) for its BLOCK_M queries: dS (both groups' dS^T tiles, once the
+    other group's is in: dq_bar) times those columns of the key block's K (both groups' buffers), issued."""
+    BLOCK_M: gl.constexpr = ds_q.shape[2]
+    HALF_D: gl.constexpr = k_lo.shape[1] // 2
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                     instr_shape=[16, HALF_D, 16])
+    mbarrier.wait(dq_bar.index(g % 2), (g // 2) & 1)
+    dq = warpgroup_mma(ds_q.index(2 * (g % 2)).permute((1, 0)), k_lo.slice(HALF * HALF_D, HALF_D, dim=1),
+                       gl.zeros([BLOCK_M, HALF_D], gl.float32, layout), use_acc=False, is_async=True)
+    return warpgroup_mma(ds_q.index(2 * (g % 2) + 1).permute((1, 0)), k_hi.slice(HALF * HALF_D, HALF_D, dim=1), dq,
+                         is_async=True)
+
+
+@gluon.jit
+def _dq_lock(Locks, b, h, start_m, seq_q, HALF: gl.constexpr, H: gl.constexpr, BLOCK_M: gl.constexpr):
+    """The lock of (batch b, head h, query block start_m, dQ half HALF): int32 zeros (batch, H, query blocks, 2)."""
+    return Locks + ((b * H + h) * gl.cdiv(seq_q, BLOCK_M) + start_m // BLOCK_M) * 2 + HALF
+
+
+@gluon.jit
+def _add_dq(dq, DQAcc, Locks, rank, b, h, start_m, seq_q, HALF: gl.constexpr, H: gl.constexpr, DQ: gl.constexpr):
+    """Adds a step's dQ half [BLOCK_M, D / 2] to the float32 DQAcc (like Q): DQ == 1 by atomics, DQ == 2 in
+    key-block order (bwd._add_dq's locks, one per dQ half: bitwise deterministic)."""
+    layout: gl.constexpr = dq.type.layout
+    BLOCK_M: gl.constexpr = dq.shape[0]
+    HALF_D: gl.constexpr = dq.shape[1]
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HALF_D, layout=gl.SliceLayout(0, layout))
+    # a scalar base and 32-bit offsets: 64-bit addresses per element cost registers the tile's products need
+    base = DQAcc + (b * seq_q + start_m).to(gl.int64) * (H * 2 * HALF_D) + h * (2 * HALF_D) + HALF * HALF_D
+    ptrs = base + (gl.expand_dims(rows, 1) * (H * 2 * HALF_D) + gl.expand_dims(cols, 0))
+    inside = (gl.expand_dims(start_m + rows, 1) < seq_q) & (gl.expand_dims(cols, 0) < HALF_D)
+    if DQ == 1:
+        gl.atomic_add(ptrs, dq, mask=inside, sem="relaxed")
+    else:
+        lock = _dq_lock(Locks, b, h, start_m, seq_q, HALF, H, BLOCK_M)
+        _wait_turn(lock, rank)
+        # past L1 (.cg): the previous key block's program wrote these rows from another SM
+        gl.store(ptrs, gl.load(ptrs, mask=inside, other=0.0, cache_modifier=".cg") + dq, mask=inside)
+        _pass_turn(lock, rank)
+
+
+@gluon.jit
+def _pass_turns(Locks, b, kv_h, rank, lo, hi, seq_q, HALF: gl.constexpr, H: gl.constexpr, GROUP: gl.constexpr,
+                BLOCK_M: gl.constexpr):
+    """Passes on, in turn, the locks of query blocks [lo, hi) of each query head of kv_h, which this key block does
+    not visit (bwd._pass_turns), for the dQ half HALF."""
+    for j in range(0, (hi - lo) // BLOCK_M * GROUP):
+        lock = _dq_lock(Locks, b, kv_h * GROUP + j % GROUP, lo + j // GROUP * BLOCK_M, seq_q, HALF, H, BLOCK_M)
+        _wait_turn(lock, rank)
+        gl.atomic_xchg(lock, rank + 1, sem="release")
+
+
+@gluon.jit
 def _step(k, v, q, do, lse_smem, delta_smem, s, ds_smem, ds_desc, do_ready, phase, dk, dv, zeros, k_idx, m_range,
           Slopes, Seeds, slope, seed, b, h, start_m, start_n, full_begin, full_end, ds_rows, seq_q, seq_k, lo_off,
           hi_off, sm_scale, softcap, HALF: gl.constexpr, H: gl.constexpr, GROUP: gl.constexpr, BANDED: gl.constexpr,
           MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr,
-          DS: gl.constexpr, DS_BAND: gl.constexpr):
+          DS: gl.constexpr, DS_BAND: gl.constexpr, dq_args=(), DQ: gl.constexpr = 0):
     """One query step of _consume_tile (q's tile already in; the ring's stage s): S^T and dP^T issued together, P^T
     while dP^T runs, dV += P^T dO issued and dS^T beside it, dK += dS^T q; (dk, dv) once both products are done.
     slope, seed: the query head's (GROUP 1), else loaded here for head h. (The stage's buffers are indexed here, not
@@ -180,11 +237,22 @@ def _step(k, v, q, do, lse_smem, delta_smem, s, ds_smem, ds_desc, do_ready, phas
         fence_async_shared()
         tma_store(ds_desc, [(b * H + h) * ds_rows + start_n + HALF * ROWS, ds_col(start_m, start_n, hi_off,
                                                                                   DS_BAND)], ds_smem)
+    if DQ:
+        ds_q, dq_bar, k_lo, k_hi, DQAcc, Locks, g, rank = dq_args
+        ds_q.index(2 * (g % 2) + HALF).store(dsb)
+        fence_async_shared()
+        tl.debug_barrier()  # every thread's share of dS^T is in before the other group is told
+        mbarrier.arrive(dq_bar.index(g % 2))
     dsb = gl.convert_layout(dsb, op_layout)
     dk = warpgroup_mma(dsb, q, dk, is_async=True)
-    # waited here, not after the next block's S^T: dK in flight across blocks serialised every product (ptxas
-    # C7512, registers; the other group's products fill the tensor cores meanwhile)
-    dv, dk, dsb = warpgroup_mma_wait(0, deps=(dv, dk, dsb))
+    if DQ:
+        dq = _dq_half(ds_q, dq_bar, k_lo, k_hi, g, HALF)
+        dv, dk, dsb, dq = warpgroup_mma_wait(0, deps=(dv, dk, dsb, dq))
+        _add_dq(dq, DQAcc, Locks, rank, b, h, start_m, seq_q, HALF, H, DQ)
+    else:
+        # waited here, not after the next block's S^T: dK in flight across blocks serialised every product (ptxas
+        # C7512, registers; the other group's products fill the tensor cores meanwhile)
+        dv, dk, dsb = warpgroup_mma_wait(0, deps=(dv, dk, dsb))
     return dk, dv
 
 
@@ -195,7 +263,7 @@ def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc,
                   HALF: gl.constexpr, H: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr,
                   SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, DS: gl.constexpr,
-                  DS_BAND: gl.constexpr, SPANS: gl.constexpr):
+                  DS_BAND: gl.constexpr, SPANS: gl.constexpr, dq_args=(), DQ: gl.constexpr = 0):
     """Keys [start_n + HALF * ROWS, + ROWS) (k, v: their buffers, on kv_bar at parity kv_phase; dK's and dV's rows
     from kv_row, columns from kv_col: passed, not computed here, the tiled loop is 6 instructions shorter, sm90 SASS):
     dK and dV over the tile's query steps (from the ring's position `ring`), masked outside [full_begin, full_end).
@@ -204,7 +272,10 @@ def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc,
     SPANS: a step whose queries see none of this group's keys (_unseen: a band's first or last step of the tile for
     one of the two groups) is passed over: no product, no dS^T stored (attn_bwd_dq_ds selects such pairs away: they
     lie in its masked blocks). A window (1024, 0) skips 1 of each group's 18 steps; sm90 SASS per step, D 128:
-    window 616 / 722 -> 578 / 584, but causal 497 / 532 -> 494 / 655 (plan.py _dkdv_step: narrow windows only)."""
+    window 616 / 722 -> 578 / 584, but causal 497 / 532 -> 494 / 655 (plan.py _dkdv_step: narrow windows only).
+    DQ (dq_args = (dS^T buffers, their barriers, both groups' K buffers, DQAcc, Locks, rank)): each step's dQ half
+    also, from both groups' dS^T (_dq_half, _add_dq); no SPANS; dK and dV leave through V's buffer, since the other
+    group reads this group's K for its dQ until its last step."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -222,6 +293,8 @@ def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc,
     else:
         slope, seed = 0.0, 0
     mbarrier.wait(kv_bar, kv_phase)
+    if DQ == 2:
+        _pass_turns(dq_args[5], b, kv_h, dq_args[6], 0, begin, seq_q, HALF, H, GROUP, BLOCK_M)
     for i in range(n_iters):
         s = (ring + i) % STAGES
         phase = ((ring + i) // STAGES) & 1
@@ -235,18 +308,33 @@ def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc,
         if skip:  # each phase is still waited for: a wait for parity p passes while the phase before is pending
             mbarrier.wait(do_ready.index(s), phase)
         else:
+            if DQ:
+                ds_q, dq_bar, k_lo, k_hi, DQAcc, Locks, rank = dq_args
+                step_args = (ds_q, dq_bar, k_lo, k_hi, DQAcc, Locks, ring + i, rank)
+            else:
+                step_args = ()
             dk, dv = _step(k, v, q, do, lse_smem, delta_smem, s, ds_smem, ds_desc, do_ready, phase, dk, dv, zeros,
                            k_idx, m_range, Slopes, Seeds, slope, seed, b, h, start_m, start_n, full_begin, full_end,
                            ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, HALF, H, GROUP, BANDED, MAY_MASK,
-                           SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND)
+                           SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND, step_args, DQ)
         mbarrier.arrive(empty.index(s))
-    # K's and V's buffers are free now (this group's products are done): dK and dV leave through them
-    k.store(kept_scaled(dk * sm_scale, keep_scale, DROP_THRESHOLD).to(dtype))
-    v.store(kept_scaled(dv, keep_scale, DROP_THRESHOLD).to(dtype))
-    fence_async_shared()
-    tma_store(dk_desc, [kv_row + HALF * ROWS, kv_col], k)
-    tma_store(dv_desc, [kv_row + HALF * ROWS, kv_col], v)
-    tma.store_wait(0)  # (and so a persistent program may release the buffers: _consume_tiles)
+    if DQ == 2:
+        _pass_turns(dq_args[5], b, kv_h, dq_args[6], begin + n_iters // GROUP * BLOCK_M,
+                    gl.cdiv(seq_q, BLOCK_M) * BLOCK_M, seq_q, HALF, H, GROUP, BLOCK_M)
+    if DQ:
+        for part in gl.static_range(2):  # dV, then dK, through V's buffer
+            v.store(kept_scaled(dv if part == 0 else dk * sm_scale, keep_scale, DROP_THRESHOLD).to(dtype))
+            fence_async_shared()
+            tma_store(dv_desc if part == 0 else dk_desc, [kv_row + HALF * ROWS, kv_col], v)
+            tma.store_wait(0)
+    else:
+        # K's and V's buffers are free now (this group's products are done): dK and dV leave through them
+        k.store(kept_scaled(dk * sm_scale, keep_scale, DROP_THRESHOLD).to(dtype))
+        v.store(kept_scaled(dv, keep_scale, DROP_THRESHOLD).to(dtype))
+        fence_async_shared()
+        tma_store(dk_desc, [kv_row + HALF * ROWS, kv_col], k)
+        tma_store(dv_desc, [kv_row + HALF * ROWS, kv_col], v)
+        tma.store_wait(0)  # (and so a persistent program may release the buffers: _consume_tiles)
 
 
 @gluon.jit
@@ -255,7 +343,7 @@ def _consume_tiles(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_sme
                    hi_off, sm_scale, softcap, keep_scale, HALF: gl.constexpr, H: gl.constexpr, KV_H: gl.constexpr,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr,
                    SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, DS: gl.constexpr,
-                   DS_BAND: gl.constexpr, SPANS: gl.constexpr):
+                   DS_BAND: gl.constexpr, SPANS: gl.constexpr, dq_args=(), DQ: gl.constexpr = 0):
     """A persistent program's consumer group: its tiles one after another (whole blocks: masked only by a band),
     tile r's keys in buffer pair r % 2, released (kv_empty) once this group's dK and dV have left it."""
     ring = 0
@@ -263,35 +351,30 @@ def _consume_tiles(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_sme
         start_n, bh = _key_tile(r, n_n, n_rows)
         b, kv_h, begin, full_begin, full_end, n_iters = _key_span(start_n, bh, seq_q, seq_k, lo_off, hi_off, KV_H,
                                                                   H // KV_H, BLOCK_M, BANDED)
+        tile_dq = ()
+        if DQ:  # (dS^T buffers, barriers, this tile's K buffers, DQAcc, Locks, rank)
+            tile_dq = (dq_args[0], dq_args[1], k_smem.index(2 * (r % 2)), k_smem.index(2 * (r % 2) + 1), dq_args[2],
+                       dq_args[3], 0)
         _consume_tile(k_smem.index(2 * (r % 2) + HALF), v_smem.index(2 * (r % 2) + HALF), q_smem, do_smem, lse_smem,
                       delta_smem, ds_smem, dk_desc, dv_desc, ds_desc, Slopes, Seeds, kv_bar.index(r % 2),
                       (r // 2) & 1, q_ready, do_ready, empty, b, kv_h, b * seq_k + start_n, kv_h * HEAD_DIM, start_n,
                       begin, full_begin, full_end, n_iters, ring, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale,
                       softcap, keep_scale, HALF, H, H // KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED, BANDED, SOFTCAP,
-                      ALIBI, DROP_THRESHOLD, DS, DS_BAND, SPANS)
+                      ALIBI, DROP_THRESHOLD, DS, DS_BAND, SPANS, tile_dq, DQ)
         mbarrier.arrive(kv_empty.index(r % 2))  # after _consume_tile's store_wait: its dK and dV have left
         ring += n_iters
 
 
 @gluon.jit
-def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
-                       hi_off, lse_len, dK, dV, dS, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr,
-                       ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, EVEN: gl.constexpr, DS: gl.constexpr,
-                       CONSUMER_REGS: gl.constexpr,
-                       DS_BAND: gl.constexpr = False, GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS,
-                       N_ROWS: gl.constexpr = 0, SPANS: gl.constexpr = False):
-    """bwd.attn_bwd_dkdv's arguments of the same names; grid (cdiv(seq_k, 128), batch * KV_H). Lse and Delta are
-    (batch, H, lse_len), lse_len a multiple of 4: a TMA tile must start 16-byte aligned (one that did not stopped
-    the H200 with an illegal instruction), so the caller pads them where seq_q is not. EVEN: seq_q a
-    multiple of BLOCK_M and seq_k of 128 (else the ragged blocks are masked). dS: the workspace (DS; bwd.ds_tiles
-    with 128-key rows), else a placeholder. CONSUMER_REGS: registers per thread of the second consumer group. SPANS:
-    each consumer group passes over the query steps that see none of its 64 keys (_consume_tile).
-    N_ROWS > 0: persistent, grid (programs, 1), over the key blocks of N_ROWS = batch * KV_H rows (EVEN: one
-    descriptor per tensor serves every tile; plan.gluon_programs): the descriptors made once, the ring carried
-    across tiles, two tiles' K and V buffers so that the next tile's load while a tile runs (the tiled program pays
-    its nine descriptors, its K / V load and its pipeline's fill, and its dK / dV store, alone on its SM)."""
+def _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, DQAcc, Locks, sm_scale, softcap, keep_scale, seq_q, seq_k,
+                  lo_off, hi_off, lse_len, dK, dV, dS, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr,
+                  ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, EVEN: gl.constexpr, DS: gl.constexpr,
+                  CONSUMER_REGS: gl.constexpr, DS_BAND: gl.constexpr, GROUP_PROGRAMS: gl.constexpr,
+                  N_ROWS: gl.constexpr, SPANS: gl.constexpr, DQ: gl.constexpr):
+    """attn_bwd_dkdv_sm90 and attn_bwd_dkdvdq_sm90 (DQ), which see."""
     gl.static_assert(N_ROWS == 0 or EVEN, "a persistent grid takes whole blocks")
+    gl.static_assert(DQ != 2 or N_ROWS == 0, "the ordered dQ sum takes the tiled grid's order")
     BLOCK_N: gl.constexpr = 2 * ROWS
     GROUP: gl.constexpr = H // KV_H
     KV_BUF: gl.constexpr = 2 if N_ROWS > 0 else 1  # tiles' K / V buffer pairs
@@ -301,6 +384,11 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softc
         bh = 0
     else:
         i, bh = tile_order(BANDED, GROUP_PROGRAMS)
+        rank = 0
+        if DQ == 2:  # dQ summed in launch order, the lightest key block first (bwd._dkdv_program)
+            rank = gl.program_id(0)
+            i = gl.num_programs(0) - 1 - rank
+            bh = gl.program_id(1)
         start_n = i * BLOCK_N  # causal: key block 0 sees the most queries, and goes first
         last = bh // KV_H
     k_desc = tiles(K, last, seq_k, KV_H * HEAD_DIM, ROWS, HEAD_DIM)
@@ -325,7 +413,9 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softc
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], lse_desc.layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout)
-    ds_smem = gl.allocate_shared_memory(dtype, [2 if DS else 1, ROWS, BLOCK_M], ds_layout)
+    # DQ: two steps' dS^T of both groups (a step's buffers are rewritten two steps on, when the other group has
+    # passed the barrier of the step between, so has read them)
+    ds_smem = gl.allocate_shared_memory(dtype, [4 if DQ else (2 if DS else 1), ROWS, BLOCK_M], ds_layout)
     bar: gl.constexpr = mbarrier.MBarrierLayout()
     kv_bar = gl.allocate_shared_memory(gl.int64, [KV_BUF, 1], bar)
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar)
@@ -337,6 +427,11 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softc
         mbarrier.init(q_ready.index(s), count=1)
         mbarrier.init(do_ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # released by both consumer groups
+    dq_bar = empty  # a placeholder where not DQ
+    if DQ:
+        dq_bar = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
+        for t in gl.static_range(2):
+            mbarrier.init(dq_bar.index(t), count=2)  # both groups' dS^T in
     fence_async_shared()
 
     if N_ROWS > 0:
@@ -350,12 +445,12 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softc
                               dv_desc, ds_desc, Slopes, Seeds, kv_bar, kv_empty, q_ready, do_ready, empty, n_n, N_ROWS,
                               ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 0, H, KV_H,
                               HEAD_DIM, BLOCK_M, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND,
-                              SPANS)),
+                              SPANS, (ds_smem, dq_bar, DQAcc, Locks), DQ)),
             (_consume_tiles, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem.index(1 if DS else 0),
                               dk_desc, dv_desc, ds_desc, Slopes, Seeds, kv_bar, kv_empty, q_ready, do_ready, empty,
                               n_n, N_ROWS, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 1, H,
                               KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND,
-                              SPANS)),
+                              SPANS, (ds_smem, dq_bar, DQAcc, Locks), DQ)),
             (_loads_tiles, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                             lse_smem, delta_smem, kv_bar, kv_empty, q_ready, do_ready, empty, n_n, N_ROWS, seq_q, seq_k,
                             lo_off, hi_off, lse_len, H, KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED)),
@@ -368,19 +463,20 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softc
         MAY_MASK: gl.constexpr = BANDED or not EVEN
         kv_row = b * seq_k + start_n
         kv_col = kv_h * HEAD_DIM
+        dq_args = (ds_smem, dq_bar, k_smem.index(0), k_smem.index(1), DQAcc, Locks, rank)
         gl.warp_specialize([
             (_consume_tile, (k_smem.index(0), v_smem.index(0), q_smem, do_smem, lse_smem, delta_smem,
                              ds_smem.index(0), dk_desc, dv_desc, ds_desc, Slopes, Seeds, kv_bar.index(0), 0, q_ready,
                              do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin, full_end, n_iters, 0,
                              ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 0, H, GROUP,
                              HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND,
-                             SPANS)),
+                             SPANS, dq_args, DQ)),
             (_consume_tile, (k_smem.index(1), v_smem.index(1), q_smem, do_smem, lse_smem, delta_smem,
                              ds_smem.index(1 if DS else 0), dk_desc, dv_desc, ds_desc, Slopes, Seeds, kv_bar.index(0),
                              0, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin, full_end,
                              n_iters, 0, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 1, H,
                              GROUP, HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, DS,
-                             DS_BAND, SPANS)),
+                             DS_BAND, SPANS, dq_args, DQ)),
             (_load_tile, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                           lse_smem, delta_smem, 0, kv_bar.index(0), q_ready, do_ready, empty, b, kv_h, start_n, begin,
                           n_iters, 0, seq_q, seq_k, lse_len, H, GROUP, HEAD_DIM, BLOCK_M, STAGES)),
@@ -391,3 +487,43 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softc
         mbarrier.invalidate(q_ready.index(s))
         mbarrier.invalidate(do_ready.index(s))
         mbarrier.invalidate(empty.index(s))
+
+
+@gluon.jit
+def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
+                       hi_off, lse_len, dK, dV, dS, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
+                       BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr,
+                       ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, EVEN: gl.constexpr, DS: gl.constexpr,
+                       CONSUMER_REGS: gl.constexpr,
+                       DS_BAND: gl.constexpr = False, GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS,
+                       N_ROWS: gl.constexpr = 0, SPANS: gl.constexpr = False):
+    """bwd.attn_bwd_dkdv's arguments of the same names; grid (cdiv(seq_k, 128), batch * KV_H). Lse and Delta are
+    (batch, H, lse_len), lse_len a multiple of 4: a TMA tile must start 16-byte aligned (one that did not stopped
+    the H200 with an illegal instruction), so the caller pads them where seq_q is not. EVEN: seq_q a
+    multiple of BLOCK_M and seq_k of 128 (else the ragged blocks are masked). dS: the workspace (DS; bwd.ds_tiles
+    with 128-key rows), else a placeholder. CONSUMER_REGS: registers per thread of the second consumer group. SPANS:
+    each consumer group passes over the query steps that see none of its 64 keys (_consume_tile).
+    N_ROWS > 0: persistent, grid (programs, 1), over the key blocks of N_ROWS = batch * KV_H rows (EVEN: one
+    descriptor per tensor serves every tile; plan.gluon_programs): the descriptors made once, the ring carried
+    across tiles, two tiles' K and V buffers so that the next tile's load while a tile runs (the tiled program pays
+    its nine descriptors, its K / V load and its pipeline's fill, and its dK / dV store, alone on its SM)."""
+    _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, 0, 0, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
+                  hi_off, lse_len, dK, dV, dS, H, KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED, SOFTCAP, ALIBI,
+                  DROP_THRESHOLD, EVEN, DS, CONSUMER_REGS, DS_BAND, GROUP_PROGRAMS, N_ROWS, SPANS, 0)
+
+
+@gluon.jit
+def attn_bwd_dkdvdq_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, DQAcc, Locks, sm_scale, softcap, keep_scale, seq_q,
+                         seq_k, lo_off, hi_off, lse_len, dK, dV, dQAcc, dLocks, H: gl.constexpr, KV_H: gl.constexpr,
+                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr,
+                         SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, EVEN: gl.constexpr,
+                         CONSUMER_REGS: gl.constexpr, DQ: gl.constexpr, GROUP_PROGRAMS: gl.constexpr = 1,
+                         N_ROWS: gl.constexpr = 0):
+    """The linear backward on Hopper: attn_bwd_dkdv_sm90's dK and dV, and each step's dS K added to DQAcc, float32
+    zeros like Q (dQ = sm_scale keep_scale DQAcc after; bwd.attn_bwd_dkdv_dq's contract): DQ == 1 by atomics, DQ == 2
+    in key-block order through Locks, int32 zeros (batch, H, query blocks, 2; the tiled grid only): bitwise
+    deterministic. Each consumer group adds the dQ columns of its half of the head (D / 2), from both groups' dS^T.
+    dQAcc and dLocks are DQAcc's and Locks' buffers, updated in place (jax-triton's input_output_aliases)."""
+    _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, DQAcc, Locks, sm_scale, softcap, keep_scale, seq_q, seq_k,
+                  lo_off, hi_off, lse_len, dK, dV, dK, H, KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED, SOFTCAP, ALIBI,
+                  DROP_THRESHOLD, EVEN, False, CONSUMER_REGS, False, GROUP_PROGRAMS, N_ROWS, False, DQ)

@@ -8,7 +8,7 @@ import pytest
 
 import jax_flash_amd
 import oracle
-from helpers import KERNEL_IMPLS, assert_close, inputs
+from helpers import KERNEL_IMPLS, ON_GPU, assert_close, inputs
 from jax_flash_amd import _dispatch, _launch, plan, reference
 from jax_flash_amd.operands import Operands
 
@@ -112,6 +112,55 @@ def test_linear_backward_is_bitwise_repeatable(impl):
             np.testing.assert_array_equal(np.asarray(again[name]), np.asarray(first[name]), err_msg=name)
 
 
+GLUON_CASES = {  # D 128, 16-bit: the Gluon kernel (attn_bwd_dkdvdq_sm90); B 2, lengths ragged where said
+    "causal-gqa-ragged": dict(sq=1000, h=8, h_kv=2, causal=True),
+    "plain": dict(sq=1024, h=4, h_kv=4),
+    "window": dict(sq=1024, h=4, h_kv=4, window=(300, 0)),
+    "softcap-alibi": dict(sq=768, h=4, h_kv=4, causal=True, softcap=20.0, alibi=True),
+    "dropout-fp16": dict(sq=640, h=4, h_kv=2, causal=True, dropout=0.15, dtype=jnp.float16),
+    "seq_q<seq_k": dict(sq=384, sk=1000, h=4, h_kv=4, causal=True),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_dispatch.backend("triton")[1] != "sm90" if ON_GPU else True, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("deterministic", [True, False], ids=["ordered", "atomics"])
+@pytest.mark.parametrize("name", list(GLUON_CASES))
+def test_gluon_linear_backward_against_float64(name, deterministic):
+    c = {**dict(sk=None, dtype=jnp.bfloat16, causal=False, window=(-1, -1), softcap=0.0, alibi=False, dropout=0.0),
+         **GLUON_CASES[name]}
+    b, h, sq, sk = 2, c["h"], c["sq"], c["sk"] or c["sq"]
+    q, k, v, dout, dlse = inputs((b, sq, h, 128), (b, sk, c["h_kv"], 128), c["dtype"], seed=3)
+    kw = dict(causal=c["causal"], window_size=c["window"], softcap=c["softcap"])
+    ref = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"])
+    if c["alibi"]:
+        kw["alibi_slopes"] = ref["alibi"] = jnp.linspace(0.1, 0.9, b * h, dtype=jnp.float32).reshape(b, h)
+    if c["dropout"]:
+        rng = jax.random.key(7)
+        kw.update(dropout_p=c["dropout"], dropout_rng=rng)
+        ref.update(dropout_p=c["dropout"],
+                   keep=reference.dropout_keep(reference.dropout_seeds(rng, b, h), sq, sk, c["dropout"]))
+    with plan.using(LINEAR):
+        dkdv = jax_flash_amd.explain(q, k, v, deterministic=deterministic, **kw).backward.step("dkdv")
+    assert dkdv.kernel == "attn_bwd_dkdvdq_sm90" and dkdv.flags["DQ"] == (2 if deterministic else 1)
+    got = grads("triton", q, k, v, dout, dlse, kw, LINEAR, deterministic)
+    assert_close(got, oracle.attention(q, k, v, dout, dlse, **ref), grads("xla", q, k, v, dout, dlse, kw), c["dtype"])
+
+
+def test_sm90_plans_the_gluon_linear_backward_at_d128():
+    """On sm90 a 16-bit D 128 call takes the Gluon kernel, a lock per query block and dQ half where ordered."""
+    x = jax.ShapeDtypeStruct((2, 1000, 8, 128), jnp.bfloat16)
+    for deterministic in (True, False):
+        with plan.using(LINEAR):
+            backward = jax_flash_amd.explain(x, x, x, causal=True, target="sm90", deterministic=deterministic).backward
+        step = backward.step("dkdv")
+        assert step.kernel == "attn_bwd_dkdvdq_sm90" and step.flags["DQ"] == (2 if deterministic else 1)
+        assert step.workspace == 2 * 1000 * 8 * 128 * 4 + (2 * 8 * -(-1000 // 64) * 2 * 4 if deterministic else 0)
+    y = jax.ShapeDtypeStruct((2, 1000, 8, 64), jnp.bfloat16)  # no Gluon row at D 64: the pointer row
+    with plan.using(LINEAR):
+        assert jax_flash_amd.explain(y, y, y, target="sm90").backward.step("dkdv").kernel == "attn_bwd_dkdv_dq"
+
+
 @pytest.mark.parametrize("target", ["sm90", "gfx942", "interpret"])
 def test_linear_backward_memory_is_linear_in_the_sequence(target):
     """Its workspace is the float32 dQ sum, the locks and delta: exactly linear in N, where the dS path's grows
@@ -126,7 +175,8 @@ def test_linear_backward_memory_is_linear_in_the_sequence(target):
         if target in plan.AMD_TARGETS:  # no ordered sum there: the default plan
             assert ordered.steps == backward(n, plan.DEFAULT).steps
         else:
-            locks = 2 * 16 * -(-n // ordered.step("dkdv").row.block_m) * 4
+            step = ordered.step("dkdv")  # the Gluon kernel's locks: one per dQ half
+            locks = 2 * 16 * -(-n // step.row.block_m) * 4 * (2 if step.kernel == "attn_bwd_dkdvdq_sm90" else 1)
             assert ordered.workspace == 2 * n * 16 * 128 * 4 + locks + 2 * 16 * n * 4
         assert backward(n, LINEAR, deterministic=False).workspace == 2 * n * 16 * 128 * 4 + 2 * 16 * n * 4
     if target == "sm90":  # the dS path it is to replace
@@ -139,33 +189,45 @@ def test_the_default_plan_takes_no_linear_backward():
     for target in ("sm90", "cuda", "gfx942", "interpret"):
         for deterministic in (True, False):
             explained = jax_flash_amd.explain(x, x, x, causal=True, target=target, deterministic=deterministic)
-            assert "attn_bwd_dkdv_dq" not in explained.backward.kernels
+            assert not {"attn_bwd_dkdv_dq", "attn_bwd_dkdvdq_sm90"} & set(explained.backward.kernels)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("gluon", [False, True], ids=["pointer", "gluon"])
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
-def test_every_lock_counts_every_key_block(impl):
+def test_every_lock_counts_every_key_block(impl, gluon):
     """The ordered sum's locks end at the number of key blocks: each key block visited or passed each query block
-    of each of its query heads exactly once (one too few hangs the next key block, one too many skips a turn)."""
+    of each of its query heads exactly once (one too few hangs the next key block, one too many skips a turn).
+    gluon: sm90's Gluon kernel (D 128, 16-bit, a window: key blocks that pass query blocks on both sides)."""
     run, target = _dispatch.backend(impl)
     if target in plan.AMD_TARGETS:
         pytest.skip("AMD plans no ordered sum (plan_backward)")
-    (q, k, v, dout, dlse), kw, _, _ = case("long-segments-gqa")
-    extras = Operands(q_segment_ids=kw["q_segment_ids"], kv_segment_ids=kw["kv_segment_ids"])
-    statics = _launch.Statics(q.shape[-1] ** -0.5, plan.Band.of(True, (-1, -1), q.shape[1], k.shape[1]))
+    if gluon and target != "sm90":
+        pytest.skip("the Gluon kernel runs on sm90")
+    if gluon:
+        q, k, v, dout, dlse = inputs((2, 1000, 8, 128), (2, 1100, 2, 128), jnp.bfloat16)
+        extras, band = Operands(), plan.Band.of(False, (200, 100), 1000, 1100)
+    else:
+        (q, k, v, dout, dlse), kw, _, _ = case("long-segments-gqa")
+        extras = Operands(q_segment_ids=kw["q_segment_ids"], kv_segment_ids=kw["kv_segment_ids"])
+        band = plan.Band.of(True, (-1, -1), q.shape[1], k.shape[1])
+    statics = _launch.Statics(q.shape[-1] ** -0.5, band)
     locks = []
 
     def recording(launch):
         outs = run(launch)
-        if launch.kernel.__name__ == "attn_bwd_dkdv_dq" and launch.constexprs["DQ"] == 2:
+        if launch.kernel.__name__ in ("attn_bwd_dkdv_dq", "attn_bwd_dkdvdq_sm90") and launch.constexprs["DQ"] == 2:
             locks.append((launch.grid[0], np.asarray(outs[3])))
         return outs
 
     out, lse2 = _launch.forward(run, target, q, k, v, extras, statics=statics)
     _launch.backward(recording, target, q, k, v, out, lse2, dout, dlse, extras, statics=statics, policy=LINEAR)
     (key_blocks, counts), = locks
-    assert counts.shape == (2, 4, -(-q.shape[1] // plan.plan_backward(plan.Call.of(
-        target, q, k, extras, statics, LINEAR)).step("dkdv").row.block_m)) and np.all(counts == key_blocks)
+    step = plan.plan_backward(plan.Call.of(target, q, k, extras, statics, LINEAR)).step("dkdv")
+    assert (step.kernel == "attn_bwd_dkdvdq_sm90") == gluon
+    halves = (2,) if gluon else ()
+    assert counts.shape == (2, q.shape[2], -(-q.shape[1] // step.row.block_m), *halves)
+    assert np.all(counts == key_blocks)
 
 
 def test_deterministic_is_a_bool():
