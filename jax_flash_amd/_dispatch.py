@@ -40,17 +40,12 @@ BACKENDS = {
 IMPLEMENTATIONS = tuple(BACKENDS)
 
 
-def choose_implementation(implementation: str | None, dense: bool = False) -> str:
+def choose_implementation(implementation: str | None) -> str:
     """The implementation a call runs: the one asked for (checked to be usable here), or by default
-    "triton" on a GPU backend, else "interpret" when TRITON_INTERPRET=1, else "xla". dense: the call has a dense
-    bias or mask, whose compiled kernels have not yet passed a GPU run: by default such a call runs "xla" on a GPU
-    (warned once) unless plan.Policy(dense_kernels=True) is active; implementation="triton" runs them."""
+    "triton" on a GPU backend, else "interpret" when TRITON_INTERPRET=1, else "xla"."""
     if implementation is None:
         if BACKENDS["triton"].load().on_gpu():
             implementation = "triton"
-            if dense and not plan.active().dense_kernels:
-                _warn_dense_on_xla()
-                implementation = "xla"
         elif os.environ.get("TRITON_INTERPRET") == "1":
             implementation = "interpret"
         else:
@@ -60,15 +55,6 @@ def choose_implementation(implementation: str | None, dense: bool = False) -> st
     if BACKENDS[implementation].module:
         BACKENDS[implementation].load().check_available()
     return implementation
-
-
-@functools.cache
-def _warn_dense_on_xla() -> None:
-    import warnings
-    warnings.warn("jax_flash_amd: a dense bias or mask runs the xla implementation (O(seq_q x seq_k) memory) on GPUs "
-                  "until its kernels have passed a GPU run; implementation='triton', or "
-                  "jax_flash_amd.plan.using(jax_flash_amd.plan.Policy(dense_kernels=True)), runs the kernels.",
-                  stacklevel=4)
 
 
 def backend(implementation: str):

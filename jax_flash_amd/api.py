@@ -106,7 +106,7 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
       >>> out = jax_flash_amd.attention(q, k, v, causal=True)
       >>> dq = jax.grad(lambda q: jax_flash_amd.attention(q, k, v).astype(jnp.float32).sum())(q)
     """
-    impl = _dispatch.choose_implementation(implementation, dense=bias is not None or mask is not None)
+    impl = _dispatch.choose_implementation(implementation)
     q, k, v, extras, opts = _prepare(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p,
                                      dropout_rng, q_segment_ids, kv_segment_ids, q_descale, k_descale, v_descale,
                                      return_lse, impl, bias=bias, mask=mask, deterministic=deterministic)
@@ -180,7 +180,7 @@ def explain(q, k, v, *, target: str | None = None, causal: bool = False, softmax
             raise ValueError("give target or implementation, not both")
         impl = "interpret" if target == "interpret" else "triton"
     else:
-        impl = _dispatch.choose_implementation(implementation, dense=bias is not None or mask is not None)
+        impl = _dispatch.choose_implementation(implementation)
         target = _dispatch.backend(impl)[1] if impl != "xla" else None
     arrays = dict(alibi_slopes=alibi_slopes, dropout_rng=dropout_rng, q_segment_ids=q_segment_ids,
                   kv_segment_ids=kv_segment_ids, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,

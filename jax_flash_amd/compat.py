@@ -82,7 +82,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                                            key_value_seq_lengths=key_value_seq_lengths,
                                            local_window_size=local_window_size, implementation="xla")
         return out[0] if unbatched else out
-    impl = _dispatch.choose_implementation(implementation, dense=bias is not None or mask is not None)
+    impl = _dispatch.choose_implementation(implementation)
     q, k, v, extras, opts = _arguments(query, key, value, bias, mask, scale, is_causal, query_seq_lengths,
                                        key_value_seq_lengths, window, impl)
     if q.size == 0 or k.shape[1] == 0:

@@ -50,8 +50,7 @@ class Policy:
     rows: tuple[tuple[str, Any], ...] = ()
     compute_units: int | None = None
     compiled_warps: bool | None = None
-    dense_kernels: bool = False  # GPU calls with a dense bias or mask run the kernels (_dispatch.choose_implementation)
-    linear_backward: bool = False  # the backward in one pass, dQ summed in float32 (plan_backward; no GPU run yet)
+    linear_backward: bool = False  # the backward in one pass, dQ summed in float32 (plan_backward; slower, not default)
 
     def replace(self, **change) -> Policy:
         """A copy with fields changed; limits may be given as their own fields (narrow_window=0, ...)."""

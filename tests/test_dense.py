@@ -1,6 +1,8 @@
 """A dense bias and mask (attention(bias=, mask=)) in the kernels, forward and backward (dq, dk, dv and the bias's
 gradient), against float64, in every broadcast shape and composed with the other variants; the ranges that skip
 the blocks a mask hides; and bad input."""
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -220,15 +222,13 @@ def test_dense_tiles_take_the_dense_rows(target, dense, window, row):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-def test_dense_calls_run_xla_on_a_gpu_until_opted_in():
-    """Until the dense kernels have passed a GPU run, a default GPU call with a mask or bias runs xla; the Policy's
-    dense_kernels (or implementation="triton") runs the kernels, which agree with it."""
+def test_dense_calls_run_the_kernels_on_a_gpu_by_default():
+    """A default GPU call with a mask or bias runs the kernels, with no warning, and agrees with xla."""
     q, k, v, _, _ = inputs((2, 64, 4, 64), (2, 64, 4, 64), jnp.bfloat16)
     mask = jnp.tril(jnp.ones((64, 64), bool))
-    assert jax_flash_amd.explain(q, k, v, mask=mask).implementation == "xla"
-    assert jax_flash_amd.explain(q, k, v).implementation == "triton"
-    with jax_flash_amd.plan.using(jax_flash_amd.plan.Policy(dense_kernels=True)):
-        assert jax_flash_amd.explain(q, k, v, mask=mask).implementation == "triton"
+    assert jax_flash_amd.explain(q, k, v, mask=mask).implementation == "triton"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         out = jax_flash_amd.attention(q, k, v, mask=mask)
     want = jax_flash_amd.attention(q, k, v, mask=mask, implementation="xla")
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32), atol=3e-2)  # bf16 units
