@@ -283,45 +283,34 @@ def _ds_path(plan: Plan, run: Run, q, k, v, lse2, delta, dout, extras: Operands,
 
 def _linear(plan: Plan, run: Run, q, k, v, dout, lse2, delta, extras: Operands, statics: Statics):
     """The linear backward: dK, dV and the float32 sum of dS K in one pass (a SPLIT row's dV in a second launch),
-    the sum in place in zeroed buffers (aliased to the outputs), then scaled and cast."""
+    the sum in place in zeroed buffers (aliased to the outputs), then scaled and cast. sm90's Gluon kernel
+    (bwd_sm90.attn_bwd_dkdvdq_sm90) keeps a lock per dQ half."""
     step, dv_step = plan.step("dkdv"), plan.step("dv")
     b, sq, h, _ = q.shape
     if step.kernel == "attn_bwd_dkdvdq_sm90":
-        return _linear_sm90(step, run, q, k, v, dout, lse2, delta, extras, statics)
-    locks = (b, h, _cdiv(sq, step.flags["BLOCK_M"])) if step.flags["DQ"] == 2 else (1,)
-    inputs = dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, step.flags["BLOCK_N"], q, k), dOut=dout, Lse=lse2,
-                  Delta=delta, DQAcc=jnp.zeros(q.shape, jnp.float32), Locks=jnp.zeros(locks, jnp.int32),
-                  **_scalars(q, k, statics))
+        from jax_flash_amd.kernels import bwd_sm90  # Gluon: imported only where it runs
+
+        kernel, halves = bwd_sm90.attn_bwd_dkdvdq_sm90, (2,)
+        lse2, delta, lse_len = _lse_rows(lse2, delta)
+        inputs = dict(Q=q, K=k, V=v, dOut=dout, Lse=lse2, Delta=delta, lse_len=lse_len,
+                      **_gluon_scalars(_scalars(q, k, statics)))
+    else:
+        kernel, halves = bwd.attn_bwd_dkdv_dq, ()
+        inputs = dict(Q=q, K=k, V=v, QueryRanges=_ranges(extras, False, step.flags["BLOCK_N"], q, k), dOut=dout,
+                      Lse=lse2, Delta=delta, **_scalars(q, k, statics))
+    locks = (b, h, _cdiv(sq, step.flags["BLOCK_M"]), *halves) if step.flags["DQ"] == 2 else (1,)
+    inputs.update(DQAcc=jnp.zeros(q.shape, jnp.float32), Locks=jnp.zeros(locks, jnp.int32))
     dk_shape, dv_shape = jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)
     unwritten = jax.ShapeDtypeStruct((1,), v.dtype)  # a SPLIT row's launches each write one of dK, dV
-    params = _params(bwd.attn_bwd_dkdv_dq)
-    one = _of_step(step, bwd.attn_bwd_dkdv_dq, inputs,
+    params = _params(kernel)
+    one = _of_step(step, kernel, inputs,
                    (dk_shape, unwritten if dv_step else dv_shape, jax.ShapeDtypeStruct(q.shape, jnp.float32),
                     jax.ShapeDtypeStruct(locks, jnp.int32)), extras)
     dk, dv, dq, _ = run(dataclasses.replace(one, aliases=((params.index("DQAcc"), 2), (params.index("Locks"), 3))))
     if dv_step is not None:  # a SPLIT row: dV's programs hold one accumulator too
-        _, dv, _, _ = run(_of_step(dv_step, bwd.attn_bwd_dkdv_dq, dict(inputs, DQAcc=_placeholder(),
-                                                                      Locks=jnp.zeros((1,), jnp.int32)),
-                                   (unwritten, dv_shape, jax.ShapeDtypeStruct((1,), jnp.float32),
-                                    jax.ShapeDtypeStruct((1,), jnp.int32)), extras))
-    return (dq * ds_scale(statics)).astype(q.dtype), dk, dv
-
-
-def _linear_sm90(step, run: Run, q, k, v, dout, lse2, delta, extras: Operands, statics: Statics):
-    """_linear through the Gluon kernel (bwd_sm90.attn_bwd_dkdvdq_sm90): a lock per dQ half."""
-    from jax_flash_amd.kernels import bwd_sm90  # Gluon: imported only where it runs
-
-    b, sq, h, _ = q.shape
-    locks = (b, h, _cdiv(sq, step.flags["BLOCK_M"]), 2) if step.flags["DQ"] == 2 else (1,)
-    lse2, delta, lse_len = _lse_rows(lse2, delta)
-    inputs = dict(Q=q, K=k, V=v, dOut=dout, Lse=lse2, Delta=delta, lse_len=lse_len,
-                  DQAcc=jnp.zeros(q.shape, jnp.float32), Locks=jnp.zeros(locks, jnp.int32),
-                  **_gluon_scalars(_scalars(q, k, statics)))
-    params = _params(bwd_sm90.attn_bwd_dkdvdq_sm90)
-    one = _of_step(step, bwd_sm90.attn_bwd_dkdvdq_sm90, inputs,
-                   (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
-                    jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct(locks, jnp.int32)), extras)
-    dk, dv, dq, _ = run(dataclasses.replace(one, aliases=((params.index("DQAcc"), 2), (params.index("Locks"), 3))))
+        rest = dict(inputs, DQAcc=_placeholder(), Locks=jnp.zeros((1,), jnp.int32))
+        _, dv, _, _ = run(_of_step(dv_step, kernel, rest, (unwritten, dv_shape, jax.ShapeDtypeStruct((1,), jnp.float32),
+                                                           jax.ShapeDtypeStruct((1,), jnp.int32)), extras))
     return (dq * ds_scale(statics)).astype(q.dtype), dk, dv
 
 

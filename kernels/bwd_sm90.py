@@ -32,7 +32,6 @@ from .fwd_sm90 import ROWS, block_scores, head_scalars, tiles, tma_load, tma_sto
 from .masking import persistent_rounds, persistent_tile, query_blocks, tile_order
 
 
-
 @gluon.jit
 def _rows(T, n, BLOCK_M: gl.constexpr):
     """[BLOCK_M] fp32 tiles of the flat (batch * heads * lse_len) T (Lse, Delta), n elements long: a row past a
