@@ -35,16 +35,17 @@ def _link(name: str, prefix: str = "../") -> str:
 
 
 def ran(md_name: str) -> str:
-    """What ran, from a results table's header: hardware, versions, commit, command (the header's own words, without
-    its date)."""
+    """What ran, from a results table's header: hardware, versions, commit and command of each run (the header's own
+    words, without its date)."""
     with open(os.path.join(RESULTS, md_name)) as f:
         text = f.read()
     hardware = re.search(r"^(\d+ x )?(One )?NVIDIA [^,]+", text, re.M).group(0)
     versions = ", ".join(f"{name} {re.search(rf'{name} ([0-9.]+)', text).group(1)}"
                          for name in ("jax", "triton", "jax-triton"))
-    commit = re.search(r"code of commit ([0-9a-f]+)", text).group(1)
-    command = re.search(r"`(python -m [^`]+)`", text).group(1)
-    return f"{hardware[0].lower() + hardware[1:]}; {versions}; code of commit {commit}; `{command}`"
+    # one run, or several whose rows share the file (a run of some rows again): each commit with its command
+    runs = "; then ".join(f"code of commit {commit}; `{command}`" for commit, command in
+                          re.findall(r"code of commit ([0-9a-f]+)[^`]*`(python -m [^`]+)`", text))
+    return f"{hardware[0].lower() + hardware[1:]}; {versions}; {runs}"
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
@@ -155,6 +156,27 @@ def _attention_section() -> list[str]:
                          f"{r['fwd_tflops']:.0f}", f"{r['bwd_tflops']:.0f}", f"{r['fwdbwd_tflops']:.0f}",
                          f"{r['temp_mb']:,.0f}"])
     out += _table(["B x N x H x D", "mask", "impl", "fwd TF/s", "bwd TF/s", "f+b TF/s", "temp MB"], body)
+    return out + [""]
+
+
+def _llama_section() -> list[str]:
+    rows = _json("h200_llama.json")
+    by = _by_impl(rows)
+    r0 = rows[0]
+    out = ["## The llama3.1 shapes", "", f"Ran: {ran('h200_llama.md')}. Files: {_link('h200_llama.json')}, "
+           f"{_link('h200_llama.md')}, {_link('h200_llama.png')}. B {r0['B']}, {r0['H']} query / {r0['H_kv']} "
+           f"key-value heads, D {r0['D']} (cudnn-frontend's own H200 benchmark shapes).", ""]
+    body = []
+    for d, n, causal in attention_shapes(rows):
+        key = (d, n, causal)
+        ours, cudnn = by[("jax_flash_amd", *key)], by[("cudnn", *key)]
+        body.append([f"{n:,}", "causal" if causal else "full",
+                     f"{ours['fwd_tflops']:.0f} / {ours['bwd_tflops']:.0f}",
+                     f"{cudnn['fwd_tflops']:.0f} / {cudnn['bwd_tflops']:.0f}",
+                     _f(_ratio(by, key, "cudnn", "fwd_tflops")), _f(_ratio(by, key, "cudnn", "bwd_tflops")),
+                     f"{ours['temp_mb']:,.0f} / {cudnn['temp_mb']:,.0f}"])
+    out += _table(["N", "mask", "ours fwd / bwd TF/s", "cudnn fwd / bwd TF/s", "fwd / cuDNN", "bwd / cuDNN",
+                   "temp MB ours / cudnn"], body)
     return out + [""]
 
 
@@ -280,7 +302,7 @@ def performance() -> str:
              "compare ratios taken in one run (run-to-run noise moves a ratio by a few hundredths, up to 0.08 at N "
              "1024). What each config row was measured against: [tuning.md](tuning.md); AMD (compiled, not yet "
              "timed): [amd.md](amd.md).", ""]
-    for section in (_attention_section, _variants_section, _decode_section, _gpt_section, _scaling_section,
+    for section in (_attention_section, _llama_section, _variants_section, _decode_section, _gpt_section, _scaling_section,
                     _dropout_section):
         lines += section()
     return "\n".join(_reflow(lines)).rstrip() + "\n"
