@@ -73,6 +73,10 @@ EXPERIMENTS = {
         {f"fwd-{m}x{n}w{w}s{s}": dict(rows={"fwd": configs.Row(f"sweep/fwd/{m}x{n}w{w}s{s}", m, n, w, s,
                                                                  max_width=128)})
          for m, n, w, s in ((128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2))}),
+    # a dense bias through the Gluon forward and dK/dV (the dS path) against the pointer rows
+    "gluondense": (
+        [Case((4, 4096, 16, 128), causal, bias=True, part=part) for causal in (False, True) for part in ("fwd", "bwd")],
+        {"gluon": dict(gluon_dense=True)}),
 }
 
 

@@ -10,7 +10,8 @@ ratio has a target (the project's; docs/performance.md "Variants"):
 - packed segment ids (4 sequences of N / 4) vs one causal sequence: informational (skipped blocks);
 - fp8 (e4m3fn, inference) forward vs bf16 forward at N 4096 and 16384, D 128: >= 1.4x as fast, i.e. a
   time ratio <= 0.714;
-- a padding mask (B, 1, 1, S) and a bias (1, H, T, S) vs none at N 4096, D 128: forward+backward <= 1.25x.
+- a padding mask (B, 1, 1, S) and a bias (1, H, T, S) vs none at N 4096, D 128: forward+backward <= 1.25x (also
+  through the Gluon kernels, plan.Policy(gluon_dense=True)).
 Times are medians (jax_flash_amd.timing) of the forward and of forward+backward; backward = their difference.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_flash_amd
+from jax_flash_amd import plan
 from benchmarks.attention import gpu_slug, measure, save
 from jax_flash_amd.timing import median_seconds
 
@@ -56,6 +58,11 @@ def cases(n_seg: int = 4096) -> list[dict]:
         _case("padding mask (B, 1, 1, S) vs none, causal", "fwdbwd_ms", 1.25, 4, 4096, 16, 16, True, PADDING, {}),
         _case("bias (1, H, T, S) vs none, full", "fwdbwd_ms", 1.25, 4, 4096, 16, 16, False, BIAS, {}),
         _case("bias (1, H, T, S) vs none, causal", "fwdbwd_ms", 1.25, 4, 4096, 16, 16, True, BIAS, {}),
+        # the same through the Gluon kernels (plan.Policy(gluon_dense=True), which no default takes yet)
+        *(_case(f"{name} vs none, {mask}, Gluon", "fwdbwd_ms", 1.25, 4, 4096, 16, 16, mask == "causal",
+                {**dense, "policy": {"gluon_dense": True}}, {})
+          for name, dense in (("padding mask (B, 1, 1, S)", PADDING), ("bias (1, H, T, S)", BIAS))
+          for mask in ("full", "causal")),
     ]
 
 
@@ -107,7 +114,8 @@ def run_case(c) -> dict:
         var = _fp8_forward(c, c["variant"]["fp8"])
     elif "dense" in c["variant"]:
         name, array = _dense(c)
-        var = measure("variant", _fn({}, name), s, _inputs(c, c["H_kv"]), None, extra=(array,))
+        with plan.using(plan.DEFAULT.replace(**c["variant"].get("policy", {}))):  # traced inside: planned with it
+            var = measure("variant", _fn({}, name), s, _inputs(c, c["H_kv"]), None, extra=(array,))
         del array
     else:
         var = measure("variant", _fn(c["variant"]), s, _inputs(c, c["H_kv"]), None)

@@ -51,6 +51,8 @@ class Policy:
     compute_units: int | None = None
     compiled_warps: bool | None = None
     linear_backward: bool = False  # the backward in one pass, dQ summed in float32 (plan_backward; slower, not default)
+    # a dense bias / mask through the Gluon forward and dK/dV (tiled grids, no softcap, 16-bit); not yet run on a GPU
+    gluon_dense: bool = False
 
     def replace(self, **change) -> Policy:
         """A copy with fields changed; limits may be given as their own fields (narrow_window=0, ...)."""
@@ -505,7 +507,8 @@ def _edges_step(role: str, kernel: str, main: Step, grid: tuple[int, ...]) -> St
 def _gluon_takes(call: Call, role: str) -> str | None:
     """Why a call may not take a Gluon kernel for `role`, or None: sm90, compiled warps launched, not the
     interpreter, 16-bit inputs (the forward: fp8 too) with a power-of-two head, no segment ids or positions, no
-    narrow window with dropout, and no row forced for the role (autotuning and sweeps time the Triton rows)."""
+    narrow window with dropout, no row forced for the role (autotuning and sweeps time the Triton rows), and a dense
+    bias or mask only under Policy.gluon_dense."""
     if call.target != "sm90":
         return "not sm90"
     if call.policy.row(role) is not None:
@@ -517,8 +520,10 @@ def _gluon_takes(call: Call, role: str) -> str | None:
         return "not whole 16-bit (or fp8) head tiles"
     if call.segments or call.has("positions"):
         return "segment ids or positions"
-    if call.dense:
-        return "a dense mask or bias"
+    if call.dense and not call.policy.gluon_dense:
+        return "a dense mask or bias (Policy.gluon_dense)"
+    if call.dense and (call.softcap or call.fp8):
+        return "a dense mask or bias with softcap or fp8"
     if not call.compiled_warps or call.interpreted:
         return "launches do not use the compiled warp count"
     return None
@@ -536,11 +541,12 @@ def gluon_programs(call: Call, row: GluonRow, keys: bool = False) -> int:
 
 def _gluon_row(call: Call, rows: tuple[GluonRow, ...], keys: bool = False) -> GluonRow | None:
     """The first row for the call's head dim whose min_seq both lengths reach, that takes the call's dropout,
-    and, a row with `persistent`, where the call runs persistent (else the next row)."""
+    and, a row with `persistent`, where the call runs persistent (else the next row; a dense bias or mask takes
+    the tiled grid)."""
     return next((row for row in rows
                  if row.head_dim == call.head_dim and min(call.seq_q, call.seq_k) >= row.min_seq
                  and (call.dropout_p == 0 or row.dropout)
-                 and (not row.persistent or gluon_programs(call, row, keys))), None)
+                 and (not row.persistent or (not call.dense and gluon_programs(call, row, keys)))), None)
 
 
 def gluon_forward_row(call: Call) -> GluonRow | None:
@@ -566,8 +572,8 @@ def gluon_dkdv_row(call: Call) -> GluonRow | None:
 
 def gluon_dkdvdq_row(call: Call) -> GluonRow | None:
     """The Gluon linear backward's row (kernels/bwd_sm90.py attn_bwd_dkdvdq_sm90), or None (the pointer row), as
-    gluon_dkdv_row."""
-    if gluon_dkdv_row(call) is None:
+    gluon_dkdv_row; not with a dense bias or mask."""
+    if gluon_dkdv_row(call) is None or call.dense:
         return None
     return _gluon_row(call, call.policy.gluon_dkdvdq, keys=True)
 

@@ -29,7 +29,7 @@ from .bwd import _pass_turn, _wait_turn, ds_col, ds_shape, kept_scaled
 from .configs import TILED_GROUP_PROGRAMS
 from .dropout import dropped_ds, keep_at
 from .fwd_sm90 import ROWS, block_scores, head_scalars, tiles, tma_load, tma_store
-from .masking import persistent_rounds, persistent_tile, query_blocks, tile_order
+from .masking import dense_planes, persistent_rounds, persistent_tile, query_blocks, tile_order
 
 
 @gluon.jit
@@ -115,11 +115,13 @@ def _loads_tiles(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, 
 
 @gluon.jit
 def _probs(st, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, lse,
-           BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+           BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, bias=0, mask=0,
+           BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
     """(P, dlogit) of a score tile st (S^T in dK/dV, S in dQ; q_idx / k_idx and lse broadcast to its shape, lse as
-    bwd._seen gives it): bwd._dkdv_tile's and _dq_inner's, masked where `masked` (MAY_MASK)."""
+    bwd._seen gives it): bwd._dkdv_tile's and _dq_inner's, masked where `masked` (MAY_MASK) and by a dense bias /
+    mask's planes (block_scores')."""
     s, scale2, dlogit = block_scores(st, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
-                                     BANDED, MAY_MASK, SOFTCAP, ALIBI)
+                                     BANDED, MAY_MASK, SOFTCAP, ALIBI, bias, mask, BIAS, MASK)
     return gl.exp2(s * scale2 - lse), dlogit
 
 
@@ -199,7 +201,8 @@ def _step(k, v, q, do, lse_smem, delta_smem, s, ds_smem, ds_desc, do_ready, phas
           Slopes, Seeds, slope, seed, b, h, start_m, start_n, full_begin, full_end, ds_rows, seq_q, seq_k, lo_off,
           hi_off, sm_scale, softcap, HALF: gl.constexpr, H: gl.constexpr, GROUP: gl.constexpr, BANDED: gl.constexpr,
           MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr,
-          DS: gl.constexpr, DS_BAND: gl.constexpr, dq_args=(), DQ: gl.constexpr = 0):
+          DS: gl.constexpr, DS_BAND: gl.constexpr, dq_args=(), DQ: gl.constexpr = 0, Bias=0, Mask=0,
+          BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
     """One query step of _consume_tile (q's tile already in; the ring's stage s): S^T and dP^T issued together, P^T
     while dP^T runs, dV += P^T dO issued and dS^T beside it, dK += dS^T q; (dk, dv) once both products are done.
     slope, seed: the query head's (GROUP 1), else loaded here for head h. (The stage's buffers are indexed here, not
@@ -217,8 +220,10 @@ def _step(k, v, q, do, lse_smem, delta_smem, s, ds_smem, ds_desc, do_ready, phas
     lse = lse_smem.index(s).load(col_layout)
     lse = gl.where(lse == float("-inf"), float("inf"), lse)  # bwd._seen: rows that see no key get P = 0
     q_idx = gl.expand_dims(start_m + m_range, 0)
+    bias, mask = dense_planes(Bias, Mask, b, h, seq_q, seq_k, H, BIAS, MASK)  # the step's query head's
     p, dlogit = _probs(st, q_idx, k_idx, (start_m < full_begin) | (start_m >= full_end), seq_q, seq_k, lo_off,
-                       hi_off, sm_scale, softcap, slope, gl.expand_dims(lse, 0), BANDED, MAY_MASK, SOFTCAP, ALIBI)
+                       hi_off, sm_scale, softcap, slope, gl.expand_dims(lse, 0), BANDED, MAY_MASK, SOFTCAP, ALIBI, bias,
+                       mask, BIAS, MASK)
     p_kept = p  # dV's P: P keep (keep_scale on dV at the end)
     if DROP_THRESHOLD > 0:
         p_kept = gl.where(keep_at(seed, q_idx, k_idx, DROP_THRESHOLD), p, 0.0)
@@ -262,7 +267,8 @@ def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc,
                   HALF: gl.constexpr, H: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr,
                   SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, DS: gl.constexpr,
-                  DS_BAND: gl.constexpr, SPANS: gl.constexpr, dq_args=(), DQ: gl.constexpr = 0):
+                  DS_BAND: gl.constexpr, SPANS: gl.constexpr, dq_args=(), DQ: gl.constexpr = 0, Bias=0, Mask=0,
+                  BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
     """Keys [start_n + HALF * ROWS, + ROWS) (k, v: their buffers, on kv_bar at parity kv_phase; dK's and dV's rows
     from kv_row, columns from kv_col: passed, not computed here, the tiled loop is 6 instructions shorter, sm90 SASS):
     dK and dV over the tile's query steps (from the ring's position `ring`), masked outside [full_begin, full_end).
@@ -274,7 +280,8 @@ def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc,
     window 616 / 722 -> 578 / 584, but causal 497 / 532 -> 494 / 655 (plan.py _dkdv_step: narrow windows only).
     DQ (dq_args = (dS^T buffers, their barriers, both groups' K buffers, DQAcc, Locks, rank)): each step's dQ half
     also, from both groups' dS^T (_dq_half, _add_dq); no SPANS; dK and dV leave through V's buffer, since the other
-    group reads this group's K for its dQ until its last step."""
+    group reads this group's K for its dQ until its last step. Bias, Mask (BIAS, MASK): a dense bias and mask
+    (_step)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -315,7 +322,7 @@ def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc,
             dk, dv = _step(k, v, q, do, lse_smem, delta_smem, s, ds_smem, ds_desc, do_ready, phase, dk, dv, zeros,
                            k_idx, m_range, Slopes, Seeds, slope, seed, b, h, start_m, start_n, full_begin, full_end,
                            ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, HALF, H, GROUP, BANDED, MAY_MASK,
-                           SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND, step_args, DQ)
+                           SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND, step_args, DQ, Bias, Mask, BIAS, MASK)
         mbarrier.arrive(empty.index(s))
     if DQ == 2:
         _pass_turns(dq_args[5], b, kv_h, dq_args[6], begin + n_iters // GROUP * BLOCK_M,
@@ -370,8 +377,10 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, DQAcc, Locks, sm_sca
                   BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr,
                   ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, EVEN: gl.constexpr, DS: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr, DS_BAND: gl.constexpr, GROUP_PROGRAMS: gl.constexpr,
-                  N_ROWS: gl.constexpr, SPANS: gl.constexpr, DQ: gl.constexpr):
+                  N_ROWS: gl.constexpr, SPANS: gl.constexpr, DQ: gl.constexpr, Bias=0, Mask=0, BIAS: gl.constexpr = 0,
+                  MASK: gl.constexpr = 0):
     """attn_bwd_dkdv_sm90 and attn_bwd_dkdvdq_sm90 (DQ), which see."""
+    gl.static_assert(not (BIAS or MASK) or (N_ROWS == 0 and DQ == 0), "a dense bias or mask: tiled, no dQ")
     gl.static_assert(N_ROWS == 0 or EVEN, "a persistent grid takes whole blocks")
     gl.static_assert(DQ != 2 or N_ROWS == 0, "the ordered dQ sum takes the tiled grid's order")
     BLOCK_N: gl.constexpr = 2 * ROWS
@@ -469,13 +478,13 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, DQAcc, Locks, sm_sca
                              do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin, full_end, n_iters, 0,
                              ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 0, H, GROUP,
                              HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND,
-                             SPANS, dq_args, DQ)),
+                             SPANS, dq_args, DQ, Bias, Mask, BIAS, MASK)),
             (_consume_tile, (k_smem.index(1), v_smem.index(1), q_smem, do_smem, lse_smem, delta_smem,
                              ds_smem.index(1 if DS else 0), dk_desc, dv_desc, ds_desc, Slopes, Seeds, kv_bar.index(0),
                              0, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin, full_end,
                              n_iters, 0, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 1, H,
                              GROUP, HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, DS,
-                             DS_BAND, SPANS, dq_args, DQ)),
+                             DS_BAND, SPANS, dq_args, DQ, Bias, Mask, BIAS, MASK)),
             (_load_tile, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                           lse_smem, delta_smem, 0, kv_bar.index(0), q_ready, do_ready, empty, b, kv_h, start_n, begin,
                           n_iters, 0, seq_q, seq_k, lse_len, H, GROUP, HEAD_DIM, BLOCK_M, STAGES)),
@@ -489,26 +498,29 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, DQAcc, Locks, sm_sca
 
 
 @gluon.jit
-def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
-                       hi_off, lse_len, dK, dV, dS, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr,
-                       ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, EVEN: gl.constexpr, DS: gl.constexpr,
-                       CONSUMER_REGS: gl.constexpr,
+def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, Bias, Mask, sm_scale, softcap, keep_scale, seq_q,
+                       seq_k, lo_off, hi_off, lse_len, dK, dV, dS, H: gl.constexpr, KV_H: gl.constexpr,
+                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr,
+                       SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, EVEN: gl.constexpr,
+                       DS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                        DS_BAND: gl.constexpr = False, GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS,
-                       N_ROWS: gl.constexpr = 0, SPANS: gl.constexpr = False):
-    """bwd.attn_bwd_dkdv's arguments of the same names; grid (cdiv(seq_k, 128), batch * KV_H). Lse and Delta are
-    (batch, H, lse_len), lse_len a multiple of 4: a TMA tile must start 16-byte aligned (one that did not stopped
-    the H200 with an illegal instruction), so the caller pads them where seq_q is not. EVEN: seq_q a
-    multiple of BLOCK_M and seq_k of 128 (else the ragged blocks are masked). dS: the workspace (DS; bwd.ds_tiles
-    with 128-key rows), else a placeholder. CONSUMER_REGS: registers per thread of the second consumer group. SPANS:
-    each consumer group passes over the query steps that see none of its 64 keys (_consume_tile).
-    N_ROWS > 0: persistent, grid (programs, 1), over the key blocks of N_ROWS = batch * KV_H rows (EVEN: one
-    descriptor per tensor serves every tile; plan.gluon_programs): the descriptors made once, the ring carried
-    across tiles, two tiles' K and V buffers so that the next tile's load while a tile runs (the tiled program pays
-    its nine descriptors, its K / V load and its pipeline's fill, and its dK / dV store, alone on its SM)."""
+                       N_ROWS: gl.constexpr = 0, SPANS: gl.constexpr = False, BIAS: gl.constexpr = 0,
+                       MASK: gl.constexpr = 0):
+    """bwd.attn_bwd_dkdv's arguments of the same names (Bias, Mask: the tiled grid only); grid (cdiv(seq_k, 128),
+    batch * KV_H). Lse and Delta are (batch, H, lse_len), lse_len a multiple of 4: a TMA tile must start 16-byte
+    aligned (one that did not stopped the H200 with an illegal instruction), so the caller pads them where seq_q is
+    not. EVEN: seq_q a multiple of BLOCK_M and seq_k of 128 (else the ragged blocks are masked). dS: the workspace
+    (DS; bwd.ds_tiles with 128-key rows), else a placeholder. CONSUMER_REGS: registers per thread of the second
+    consumer group. SPANS: each consumer group passes over the query steps that see none of its 64 keys
+    (_consume_tile). N_ROWS > 0: persistent, grid (programs, 1), over the key blocks of N_ROWS = batch * KV_H rows
+    (EVEN: one descriptor per tensor serves every tile; plan.gluon_programs): the descriptors made once, the ring
+    carried across tiles, two tiles' K and V buffers so that the next tile's load while a tile runs (the tiled
+    program pays its nine descriptors, its K / V load and its pipeline's fill, and its dK / dV store, alone on its
+    SM)."""
     _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, 0, 0, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
                   hi_off, lse_len, dK, dV, dS, H, KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED, SOFTCAP, ALIBI,
-                  DROP_THRESHOLD, EVEN, DS, CONSUMER_REGS, DS_BAND, GROUP_PROGRAMS, N_ROWS, SPANS, 0)
+                  DROP_THRESHOLD, EVEN, DS, CONSUMER_REGS, DS_BAND, GROUP_PROGRAMS, N_ROWS, SPANS, 0, Bias, Mask, BIAS,
+                  MASK)
 
 
 @gluon.jit

@@ -36,8 +36,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .configs import TILED_GROUP_PROGRAMS
 from .dropout import keep_at, load_seed
 from .fwd import keys_padded
-from .masking import key_blocks, persistent_rounds, persistent_tile, tile_order
-from .scores import scores
+from .masking import dense_planes, key_blocks, persistent_rounds, persistent_tile, tile_order
+from .scores import dense_added, scores
 
 # Gluon is experimental: triton 3.9 renamed the TMA copies (3.6's names raise there); the kernel compiles with both
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -154,9 +154,14 @@ def _loads(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_rea
 
 @gluon.jit
 def block_scores(qk, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
-                 BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+                 BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, bias=0,
+                 mask=0, BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
     """scores.scores of one block's product (S or S^T: q_idx / k_idx broadcast to its shape), masked where `masked`
-    (a run-time branch, MAY_MASK: Gluon has no warp-specialisation pass to refuse it): (s, scale2, dlogit)."""
+    (a run-time branch, MAY_MASK: Gluon has no warp-specialisation pass to refuse it): (s, scale2, dlogit). bias,
+    mask: the planes of a dense bias and mask (masking.dense_planes; BIAS, MASK their layouts, 0: none; not with
+    SOFTCAP), added to the product's tile (scores.dense_added)."""
+    gl.static_assert(not (SOFTCAP and (BIAS or MASK)), "a dense bias or mask with softcap takes the Triton rows")
+    qk = dense_added(qk, bias, mask, q_idx, k_idx, seq_q, seq_k, sm_scale, BIAS, MASK, SOFTCAP)
     diag = seq_k - seq_q
     if MAY_MASK:
         if masked:
@@ -176,13 +181,14 @@ def block_scores(qk, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scal
 @gluon.jit
 def _online(qk, m, l, q_idx, k_offsets, start_n, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
             seed, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-            DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr):
+            DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, bias=0, mask=0, BIAS: gl.constexpr = 0,
+            MASK: gl.constexpr = 0):
     """One key block's online-softmax step (fwd._fwd_block's) over keys start_n + k_offsets: (p, m, l, alpha);
     dropout zeroes p after the row sum (the caller scales the output by keep_scale), its hash's key columns drawn
     from the block's start (dropout.keep_at's k_start: the hash adds nothing per column; the mask's k_offsets +
-    start_n is needed only where the block is masked); fp8: p and l carry 2 ** P8_LOG2."""
+    start_n is needed only where the block is masked); fp8: p and l carry 2 ** P8_LOG2. bias, mask: block_scores'."""
     s, scale2, _ = block_scores(qk, q_idx, k_offsets + start_n, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
-                                slope, BANDED, MAY_MASK, SOFTCAP, ALIBI)
+                                slope, BANDED, MAY_MASK, SOFTCAP, ALIBI, bias, mask, BIAS, MASK)
     m_new = gl.maximum(m, gl.max(s, axis=1) * scale2)
     m_use = m_new
     if MAY_MASK:  # a row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
@@ -242,7 +248,8 @@ def _layout(of, bits, head_dim, block_n):
 def _first(q, k_smem, k_ready, k_empty, turn, ring, qk, q_idx, k_idx, start, full_start, full_end, seq_q, seq_k,
            lo_off, hi_off, sm_scale, softcap, slope, seed, s_layout: gl.constexpr, HALF: gl.constexpr,
            BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-           DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr, lap=0):
+           DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr, lap=0, bias=0, mask=0,
+           BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
     """A tile's block 0 (its keys from `start`, the rings' block `ring`): q.k alone (into qk's registers, not added
     to), then its softmax from m = -inf, l = 0: (p, m, l, qk). PINGPONG's turns: ring + lap + j at a tile's block j
     (each tile takes n_blocks + 1; a persistent program's tile r starts at its ring position + r: lap = r, or r & 1,
@@ -258,7 +265,7 @@ def _first(q, k_smem, k_ready, k_empty, turn, ring, qk, q_idx, k_idx, start, ful
     mbarrier.arrive(k_empty.index(ring % STAGES))
     p, m, l, _ = _online(qk, m, l, q_idx, k_idx, start, (start < full_start) | (start >= full_end), seq_q, seq_k,
                          lo_off, hi_off, sm_scale, softcap, slope, seed, BANDED, MAY_MASK, SOFTCAP, ALIBI,
-                         DROP_THRESHOLD, P8_LOG2)
+                         DROP_THRESHOLD, P8_LOG2, bias, mask, BIAS, MASK)
     return p, m, l, qk
 
 
@@ -267,7 +274,8 @@ def _blocks(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ring, n
             start, full_start, full_end, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed,
             s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr, HALF: gl.constexpr,
             BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-            DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr, lap=0):
+            DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr, lap=0, bias=0, mask=0,
+            BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
     """A tile's blocks 1 .. n_blocks - 1 after _first: each block's q.k, then the block before's P.V; wait(1) returns
     once q.k is done (ptxas waits for P.V before the softmax: the module's docstring). (p, m, l, acc, qk): the last
     block's P.V not yet added."""
@@ -287,7 +295,7 @@ def _blocks(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ring, n
         mbarrier.arrive(k_empty.index(cur))
         p, m, l, alpha = _online(qk, m, l, q_idx, k_idx, start_n, (start_n < full_start) | (start_n >= full_end),
                                  seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, BANDED, MAY_MASK,
-                                 SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2)
+                                 SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, bias, mask, BIAS, MASK)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_empty.index(prev))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -346,12 +354,13 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, 
              slope, seed, keep_scale, v_descale, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
              STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr,
              ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr,
-             ring=0, q_phase=0, q_empty=None, PERSISTENT: gl.constexpr = False):
-    """A consumer group's tile: queries [start_m + HALF * ROWS, + ROWS), the key blocks from `start`, masked
-    outside [full_start, full_end). o_smem: the output's staging buffers (q_smem's for 16-bit inputs). PERSISTENT
-    (_consume_tiles without CARRY): the rings from position `ring`, Q's phase q_phase (the tile's round r & 1, also
-    PINGPONG's lap: only its parity counts), Q released to q_empty after the last q.k, the output's store left in
-    flight."""
+             ring=0, q_phase=0, q_empty=None, PERSISTENT: gl.constexpr = False, bias=0, mask=0,
+             BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
+    """A consumer group's tile: queries [start_m + HALF * ROWS, + ROWS), the key blocks from `start`, masked outside
+    [full_start, full_end), and by a dense bias / mask's planes (block_scores'). o_smem: the output's staging
+    buffers (q_smem's for 16-bit inputs). PERSISTENT (_consume_tiles without CARRY): the rings from position `ring`,
+    Q's phase q_phase (the tile's round r & 1, also PINGPONG's lap: only its parity counts), Q released to q_empty
+    after the last q.k, the output's store left in flight."""
     s_layout: gl.constexpr = _layout("s", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
     o_layout: gl.constexpr = _layout("o", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
     p_layout: gl.constexpr = _layout("p", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
@@ -363,12 +372,12 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, 
     p, m, l, qk = _first(q, k_smem, k_ready, k_empty, turn, ring, gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
                          q_idx, k_idx, start, full_start, full_end, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
                          slope, seed, s_layout, HALF, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2,
-                         PINGPONG, q_phase)
+                         PINGPONG, q_phase, bias, mask, BIAS, MASK)
     p, m, l, acc, qk = _blocks(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ring, n_blocks, p, m, l,
                                gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout), qk, q_idx, k_idx, start, full_start,
                                full_end, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, s_layout,
                                o_layout, p_layout, HALF, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2,
-                               PINGPONG, q_phase)
+                               PINGPONG, q_phase, bias, mask, BIAS, MASK)
     if PERSISTENT:  # every q.k of the tile is done: Q's buffer to the next tile
         mbarrier.arrive(q_empty)
     _close(p, acc, m, l, v_smem, v_ready, v_empty, turn, ring + n_blocks - 1, o_smem.index(HALF), o_desc, Lse,
@@ -526,19 +535,21 @@ def _loads_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, Slopes, Seeds, 
 
 
 @gluon.jit
-def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softcap, keep_scale, seq_q, seq_k,
-                  lo_off, hi_off, Out, Lse, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
+def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, Bias, Mask, sm_scale, softcap, keep_scale,
+                  seq_q, seq_k, lo_off, hi_off, Out, Lse, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr,
                   ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, KEYS_EVEN: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr, P8_LOG2: gl.constexpr = 0, PINGPONG: gl.constexpr = False,
                   GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS, N_ROWS: gl.constexpr = 0,
-                  CARRY: gl.constexpr = 0):
+                  CARRY: gl.constexpr = 0, BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
     """fwd.attn_fwd's arguments of the same names (fp8: V is fwd.keys_last's); grid (cdiv(seq_q, 128), batch * H).
     KEYS_EVEN: seq_k is a multiple of BLOCK_N (else the last key block is masked). CONSUMER_REGS: registers per thread
     of the second consumer group (a worker partition; the first is the default partition, which gets what the workers
     leave). N_ROWS > 0: persistent, grid (programs,), over the tiles of N_ROWS = batch * H rows (query and key
     lengths multiples of 2 * ROWS and BLOCK_N: one descriptor per tensor serves every tile), CARRY (0 / 1) and
-    PINGPONG (not both) as _consume_tiles'."""
+    PINGPONG (not both) as _consume_tiles'. Bias, Mask (BIAS, MASK): a dense bias and mask, the tiled grid only
+    (block_scores)."""
+    gl.static_assert(N_ROWS == 0 or not (BIAS or MASK), "a dense bias or mask takes the tiled grid")
     if N_ROWS > 0:
         _persistent(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softcap, keep_scale, seq_q, seq_k,
                     lo_off, hi_off, Out, Lse, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, SOFTCAP, ALIBI,
@@ -546,7 +557,7 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale
     else:
         _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softcap, keep_scale, seq_q, seq_k,
                lo_off, hi_off, Out, Lse, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD,
-               KEYS_EVEN, CONSUMER_REGS, P8_LOG2, PINGPONG, GROUP_PROGRAMS)
+               KEYS_EVEN, CONSUMER_REGS, P8_LOG2, PINGPONG, GROUP_PROGRAMS, Bias, Mask, BIAS, MASK)
 
 
 @gluon.jit
@@ -609,7 +620,8 @@ def _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softc
            hi_off, Out, Lse, H: gl.constexpr, KV_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
            STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
            DROP_THRESHOLD: gl.constexpr, KEYS_EVEN: gl.constexpr, CONSUMER_REGS: gl.constexpr, P8_LOG2: gl.constexpr,
-           PINGPONG: gl.constexpr, GROUP_PROGRAMS: gl.constexpr):
+           PINGPONG: gl.constexpr, GROUP_PROGRAMS: gl.constexpr, Bias, Mask, BIAS: gl.constexpr,
+           MASK: gl.constexpr):
     """attn_fwd_sm90's program of a tiled grid: one tile."""
     i, bh = tile_order(BANDED, GROUP_PROGRAMS)
     start_m = (gl.num_programs(0) - 1 - i) * (2 * ROWS)
@@ -640,7 +652,8 @@ def _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softc
 
     _b, _h, _kv_h, slope, seed, start, full_start, full_end, n_blocks = _tile(
         start_m, bh, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI, DROP_THRESHOLD)
-    MAY_MASK: gl.constexpr = BANDED or not KEYS_EVEN
+    MAY_MASK: gl.constexpr = BANDED or not KEYS_EVEN or MASK != 0  # a dense mask may hide a block's every key
+    bias, mask = dense_planes(Bias, Mask, b, h, seq_q, seq_k, H, BIAS, MASK)
     q_row = b * seq_q + start_m
     q_col = h * HEAD_DIM
     lse_row = bh.to(gl.int64) * seq_q
@@ -651,11 +664,13 @@ def _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softc
         (_consume, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, v_ready, k_empty, v_empty,
                     q_row, q_col, lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off,
                     sm_scale, softcap, slope, seed, keep_scale, v_descale, 0, HEAD_DIM, BLOCK_N, STAGES, BANDED,
-                    MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, PINGPONG)),
+                    MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, PINGPONG, 0, 0, None, False, bias, mask, BIAS,
+                    MASK)),
         (_consume, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, v_ready, k_empty, v_empty,
                     q_row, q_col, lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off,
                     sm_scale, softcap, slope, seed, keep_scale, v_descale, 1, HEAD_DIM, BLOCK_N, STAGES, BANDED,
-                    MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, PINGPONG)),
+                    MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, PINGPONG, 0, 0, None, False, bias, mask, BIAS,
+                    MASK)),
         (_loads, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, q_row,
                   q_col, kv_row, kv_col, vt_row, start, n_blocks, BLOCK_N, STAGES, P8_LOG2 > 0)),
     ], [4, 1], [CONSUMER_REGS, 24])

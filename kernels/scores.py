@@ -96,18 +96,25 @@ def scores(qk, q_idx, k_idx, q_ids, k_ids, seq_q, seq_k, lo_off, hi_off, diag, s
 @triton.jit
 def dense_start(bias, mask, q_idx, k_idx, seq_q, seq_k, sm_scale, SHAPE: tl.constexpr, BIAS: tl.constexpr,
                 MASK: tl.constexpr, SOFTCAP: tl.constexpr):
-    """The accumulator q.k starts from (a SHAPE tile; q_idx / k_idx broadcast to it): with a dense bias, bias /
-    sm_scale (q.k's units), and with a dense mask, -inf where it hides the pair; zeros without them or under
-    SOFTCAP (scores applies them then: softcap comes first). In the accumulator the tiles take the product's
-    layout; added after it, Triton ran the softmax in the tiles' layout as well (gfx942 D 128: 3x the exponentials
-    and 372 bytes of spills; sm90 too, amd_report). A bias floors at BIAS_FLOOR / max(1, scale * log2 e), finite
-    after scaling: finfo.min (a common "hide" bias; -inf the same) hides a pair, and a row of only those is
-    uniform, as in jax.nn, not empty."""
-    start = tl.zeros(SHAPE, tl.float32)
+    """The accumulator q.k starts from (a SHAPE tile; q_idx / k_idx broadcast to it): dense_added to zeros. In the
+    accumulator the tiles take the product's layout; added after it, Triton ran the softmax in the tiles' layout as
+    well (gfx942 D 128: 3x the exponentials and 372 bytes of spills; sm90 too, amd_report)."""
+    return dense_added(tl.zeros(SHAPE, tl.float32), bias, mask, q_idx, k_idx, seq_q, seq_k, sm_scale, BIAS, MASK,
+                       SOFTCAP)
+
+
+@triton.jit
+def dense_added(qk, bias, mask, q_idx, k_idx, seq_q, seq_k, sm_scale, BIAS: tl.constexpr, MASK: tl.constexpr,
+                SOFTCAP: tl.constexpr):
+    """qk (q.k's units) with a dense bias added, bias / sm_scale, and -inf where a dense mask hides the pair; qk as
+    it is without them or under SOFTCAP (scores applies them then: softcap comes first). A bias floors at
+    BIAS_FLOOR / max(1, scale * log2 e), finite after scaling: finfo.min (a common "hide" bias; -inf the same) hides
+    a pair, and a row of only those is uniform, as in jax.nn, not empty. The Gluon kernels add it to the product's
+    tile (their accumulator is not started from it)."""
     if BIAS and not SOFTCAP:
         floor = BIAS_FLOOR / tl.maximum(sm_scale * LOG2E, 1.0)
         b = dense_tile(bias, q_idx, k_idx, seq_q, seq_k, 0.0, BIAS).to(tl.float32)
-        start += tl.maximum(b * (1.0 / sm_scale), floor)
+        qk += tl.maximum(b * (1.0 / sm_scale), floor)
     if MASK and not SOFTCAP:
-        start += tl.where(dense_tile(mask, q_idx, k_idx, seq_q, seq_k, 0, MASK) != 0, 0.0, float("-inf"))
-    return start
+        qk += tl.where(dense_tile(mask, q_idx, k_idx, seq_q, seq_k, 0, MASK) != 0, 0.0, float("-inf"))
+    return qk

@@ -217,7 +217,7 @@ def _signature(launch):
     import numpy as np
 
     pointer = {jnp.dtype(jnp.bfloat16): "*bf16", jnp.dtype(jnp.float32): "*fp32", jnp.dtype(jnp.int32): "*i32",
-               jnp.dtype(jnp.float8_e4m3fn): "*fp8e4nv"}
+               jnp.dtype(jnp.float8_e4m3fn): "*fp8e4nv", jnp.dtype(jnp.int8): "*i8"}
     values = [*launch.args, *launch.out_shapes]
     dtypes = [pointer[jnp.dtype(x.dtype)] if isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
               else "fp32" if isinstance(x, np.floating) else "i32" for x in values]
@@ -231,6 +231,40 @@ def case_cuda_gluon_dkdv():
     scratch."""
     fake_jax_triton(KernelWithScratch, 90)
     _gluon_dkdv_launches(CUDABackend(GPUTarget("cuda", 90, 32)))
+
+
+def case_cuda_gluon_dense():
+    """The Gluon forward and dK/dV with a dense mask (keys) and bias (queries x keys) as _launch makes them under
+    plan.Policy(gluon_dense=True): the tiled grids, compiled for sm90 with the operands' layouts."""
+    import jax.numpy as jnp
+
+    from jax_flash_amd import _launch
+    from jax_flash_amd.kernels import configs
+    from jax_flash_amd.operands import Operands
+    from jax_flash_amd.plan import Policy
+    from jax_flash_amd.rules import Band
+
+    fake_jax_triton(KernelWithScratch, 90)
+    cuda = CUDABackend(GPUTarget("cuda", 90, 32))
+    policy = Policy(gluon_dense=True, gluon_fwd=_rows(configs.SM90_GLUON_FWD, min_seq=0),
+                    gluon_dkdv=_rows(configs.SM90_GLUON_DKDV, min_seq=0))
+    extras = Operands(mask=jnp.ones((2, 1, 1, 301), bool), bias=jnp.zeros((1, 4, 301, 301), jnp.bfloat16))
+    statics = _launch.Statics(128 ** -0.5, Band.of(True, (-1, -1), 301, 301))
+    launches = []
+
+    def record(launch):
+        launches.append(launch)
+        return tuple(jnp.zeros(s.shape, s.dtype) for s in launch.out_shapes)
+
+    q = jnp.zeros((2, 301, 4, 128), jnp.bfloat16)
+    _launch.forward(record, "sm90", q, q, q, extras, statics=statics, policy=policy)
+    launches += _backward_launches(128, statics, extras, policy=policy)
+    gluon = [one for one in launches if kf.is_gluon(one.kernel)]
+    assert [one.kernel.__name__ for one in gluon] == ["attn_fwd_sm90", "attn_bwd_dkdv_sm90"], launches
+    for launch in gluon:
+        assert launch.constexprs["MASK"] == 1 + 4 + 8 and launch.constexprs["BIAS"] == 1 + 2 + 4 + 16, launch
+        assert not launch.constexprs.get("N_ROWS"), launch.constexprs
+        _compiles(launch, cuda, launch.kernel.__name__)
 
 
 def _backward_launches(d, statics, extras=None, shape=(2, 301, 4), policy=None):

@@ -232,3 +232,93 @@ def test_dense_calls_run_the_kernels_on_a_gpu_by_default():
         out = jax_flash_amd.attention(q, k, v, mask=mask)
     want = jax_flash_amd.attention(q, k, v, mask=mask, implementation="xla")
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32), atol=3e-2)  # bf16 units
+
+
+# ----- the Gluon kernels (sm90) under plan.Policy(gluon_dense=True): not taken by default until run on a GPU -----
+
+def _gluon_dense_policy():
+    """Policy(gluon_dense=True), the Gluon rows from any length (the tests' short sequences)."""
+    from jax_flash_amd import plan
+    from jax_flash_amd.kernels import configs
+
+    def any_length(rows):
+        return tuple(row.but(row.name, min_seq=0) for row in rows)
+
+    return plan.Policy(gluon_dense=True, gluon_fwd=any_length(configs.SM90_GLUON_FWD),
+                       gluon_dkdv=any_length(configs.SM90_GLUON_DKDV))
+
+
+GLUON_CASES = {  # (d, causal, h_kv, bias shape, mask shape, dropout); "k": keys, "q": queries
+    "padding": (128, False, 4, None, (B, 1, 1, "k"), 0.0),
+    "padding-causal": (128, True, 4, None, (B, 1, 1, "k"), 0.0),
+    "bias-heads-causal-gqa": (128, True, 2, (1, H, "q", "k"), None, 0.0),
+    "mask-bias-rows-hidden": (128, False, 4, (B, 1, 1, "k"), (B, H, "q", "k"), 0.0),
+    "padding-dropout": (128, True, 4, None, (B, 1, 1, "k"), 0.2),
+    "bias-d64": (64, False, 4, (1, H, "q", "k"), None, 0.0),
+}
+
+
+def _gluon_case(name, dtype, sq=301, sk=317):
+    d, causal, h_kv, bias_shape, mask_shape, dropout = GLUON_CASES[name]
+    q, k, v, dout, dlse = inputs((B, sq, H, d), (B, sk, h_kv, d), dtype, seed=3)
+    keys = jax.random.split(jax.random.key(5), 3)
+    size = {"q": sq, "k": sk}
+    kw, ref_kw = dict(causal=causal), dict(causal=causal)
+    if bias_shape:
+        bias = jax.random.normal(keys[0], tuple(size.get(n, n) for n in bias_shape), jnp.float32).astype(dtype)
+        kw["bias"] = ref_kw["bias"] = bias
+    if mask_shape == (B, 1, 1, "k"):
+        mask = (jnp.arange(sk)[None, :] < jnp.array([sk - 70, 131])[:, None])[:, None, None, :]
+    elif mask_shape:
+        mask = jax.random.uniform(keys[1], tuple(size.get(n, n) for n in mask_shape)) > 0.3
+        mask = mask.at[..., 3, :].set(False)  # a row that sees nothing
+    if mask_shape:
+        kw["mask"] = ref_kw["mask"] = mask
+    if dropout:
+        rng = jax.random.key(9)
+        kw.update(dropout_p=dropout, dropout_rng=rng)
+        ref_kw.update(dropout_p=dropout, keep=reference.dropout_keep(reference.dropout_seeds(rng, B, H), sq, sk,
+                                                                     dropout))
+    return (q, k, v, dout, dlse), kw, ref_kw
+
+
+@pytest.mark.parametrize("name", ["padding-causal", "bias-heads-causal-gqa", "bias-d64"])
+def test_gluon_dense_policy_plans_the_gluon_kernels(name):
+    """Under Policy(gluon_dense=True) a 16-bit dense call on sm90 takes the Gluon forward (its tiled grid) and dK/dV
+    (the dS path at D 128); the default, softcap and the linear backward keep the Triton rows."""
+    from jax_flash_amd import plan
+
+    (q, k, v, _, _), kw, _ = _gluon_case(name, jnp.bfloat16)
+    policy = _gluon_dense_policy()
+    with plan.using(policy):
+        e = jax_flash_amd.explain(q, k, v, target="sm90", **kw)
+        assert e.forward.kernels == ("attn_fwd_sm90",) and not e.forward.step("fwd").flags.get("N_ROWS")
+        assert "attn_bwd_dkdv_sm90" in e.backward.kernels
+        assert ("attn_bwd_dq_ds" in e.backward.kernels) == (q.shape[-1] == 128)
+        assert ("attn_bwd_dbias" in e.backward.kernels) == ("bias" in kw)
+        assert jax_flash_amd.explain(q, k, v, target="sm90", softcap=5.0, **kw).forward.kernels == ("attn_fwd",)
+    with plan.using(policy.replace(linear_backward=True)):
+        assert "attn_bwd_dkdvdq_sm90" not in jax_flash_amd.explain(q, k, v, target="sm90", **kw).backward.kernels
+    assert jax_flash_amd.explain(q, k, v, target="sm90", **kw).forward.kernels == ("attn_fwd",)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("name", list(GLUON_CASES))
+def test_gluon_dense_against_float64(name, dtype):
+    """The Gluon forward and dK/dV with a dense bias / mask (Policy.gluon_dense) against float64: ragged lengths,
+    rows a mask hides entirely, GQA, dropout, D 64 and 128."""
+    from jax_flash_amd import plan
+
+    (q, k, v, dout, dlse), kw, ref_kw = _gluon_case(name, dtype)
+    with plan.using(_gluon_dense_policy()):
+        e = jax_flash_amd.explain(q, k, v, **kw)
+        assert e.forward.kernels == ("attn_fwd_sm90",) and "attn_bwd_dkdv_sm90" in e.backward.kernels, e
+        got = run("triton", q, k, v, dout, dlse, kw)
+    ref = oracle.attention(q, k, v, dout, dlse, **ref_kw)
+    base = run("xla", q, k, v, dout, dlse, kw)
+    assert_close(got, ref, base, dtype, names=("out", "lse", "dq", "dk", "dv") + (("dbias",) if "bias" in kw else ()))
+    hidden = ~np.isfinite(ref["lse"])
+    if hidden.any():  # rows the mask hides entirely: output 0
+        assert np.all(np.asarray(got["out"], np.float32).transpose(0, 2, 1, 3)[hidden] == 0)
