@@ -42,4 +42,7 @@ def test_variant_report_names_misses():
     assert "| 1.00 / 1.25 / 1.17 | - / - | <= 1.05x (fwd,bwd) | **no** |" in md
     assert "| 0.50 / 0.50 / 0.50 | - / - | - | - |" in md and "error: XlaRuntimeError" in md
     assert "| 0.600 / - / - | 1.000 / 2.000 / 3.000 | 0.60 / - / - | - / - | <= 0.714x (fwd) | yes |" in md
-    assert len(variants.cases()) == 12
+    cases = variants.cases()
+    assert len(cases) == 16
+    gluon = [c for c in cases if c["name"].endswith(", Gluon")]  # the dense cases again, planned through Gluon
+    assert len(gluon) == 4 and all(c["variant"]["policy"] == {"gluon_dense": True} for c in gluon)
