@@ -141,7 +141,7 @@ def _prepare(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
         fp8.check_supported(target or _dispatch.backend(impl)[1], q.dtype)
     b, sq, h, _ = q.shape
     if impl != "xla":
-        _check_kernel_limits(q, k)
+        _check_kernel_limits(q, k, dense)
     extras = Operands(slopes=slopes, seeds=reference.dropout_seeds(dropout_rng, b, h) if dropout_p > 0 else None,
                       q_segment_ids=q_seg, kv_segment_ids=kv_seg, positions=positions,
                       **dict(zip(_DESCALES, descales or (None,) * 3)), **dense)
@@ -249,13 +249,16 @@ def _check_arrays(q, k, v):
     return q, k, v
 
 
-def _check_kernel_limits(q, k) -> None:
-    # the kernels address rows within one batch element with 32-bit offsets (seq * heads * head_dim)
-    for name, x in (("q", q), ("k", k)):
+def _check_kernel_limits(q, k, dense=None) -> None:
+    # the kernels address a batch element's rows, and a dense operand's planes, with 32-bit offsets
+    for name, x in (("q", q), ("k", k), *(dense or {}).items()):
+        if x is None:
+            continue
         per_batch = x.shape[1] * x.shape[2] * x.shape[3]
         if per_batch >= 2**31:
+            axes = "(seq * heads * head_dim)" if name in ("q", "k") else "(heads * seq_q * seq_k)"
             raise ValueError(f"{name} has {per_batch} elements per batch entry "
-                             f"(seq * heads * head_dim); the kernels support fewer than 2**31. Split the heads "
+                             f"{axes}; the kernels support fewer than 2**31. Split the heads "
                              f"over several calls, or use implementation='xla'.")
 
 

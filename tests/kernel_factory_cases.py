@@ -265,6 +265,17 @@ def case_cuda_gluon_dense():
         assert launch.constexprs["MASK"] == 1 + 4 + 8 and launch.constexprs["BIAS"] == 1 + 2 + 4 + 16, launch
         assert not launch.constexprs.get("N_ROWS"), launch.constexprs
         _compiles(launch, cuda, launch.kernel.__name__)
+    # whole blocks: the forward masks every block only for the dense mask (MAY_MASK), the dK/dV none (EVEN)
+    launches.clear()
+    q = jnp.zeros((2, 384, 4, 128), jnp.bfloat16)
+    full = _launch.Statics(128 ** -0.5, Band.of(False, (-1, -1), 384, 384))
+    even = Operands(mask=jnp.ones((2, 4, 384, 384), bool))
+    _launch.forward(record, "sm90", q, q, q, even, statics=full, policy=policy)
+    launches += _backward_launches(128, full, even, shape=(2, 384, 4), policy=policy)
+    gluon = [one for one in launches if kf.is_gluon(one.kernel)]
+    assert gluon[0].constexprs["KEYS_EVEN"] and gluon[1].constexprs["EVEN"], [one.constexprs for one in gluon]
+    for launch in gluon:
+        _compiles(launch, cuda, launch.kernel.__name__)
 
 
 def _backward_launches(d, statics, extras=None, shape=(2, 301, 4), policy=None):

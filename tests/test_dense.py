@@ -178,6 +178,17 @@ def test_fp8_takes_no_dense_operand():
                                 implementation="xla")
 
 
+
+def test_a_dense_operand_past_the_kernels_offsets_is_named():
+    """A bias whose planes reach 2**31 elements per batch entry (the kernels' 32-bit offsets) is refused by name for
+    the kernels; xla takes it (shapes only: nothing is allocated)."""
+    q = jax.ShapeDtypeStruct((1, 8192, 64, 64), jnp.bfloat16)
+    bias = jax.ShapeDtypeStruct((1, 64, 8192, 8192), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"bias has 4294967296 elements per batch entry \(heads \* seq_q \* seq_k\)"):
+        jax.eval_shape(lambda q, b: jax_flash_amd.attention(q, q, q, bias=b, implementation="interpret"), q, bias)
+    out = jax.eval_shape(lambda q, b: jax_flash_amd.attention(q, q, q, bias=b, implementation="xla"), q, bias)
+    assert out.shape == q.shape
+
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_vmap_over_a_bias_call(impl):
@@ -255,11 +266,14 @@ GLUON_CASES = {  # (d, causal, h_kv, bias shape, mask shape, dropout); "k": keys
     "mask-bias-rows-hidden": (128, False, 4, (B, 1, 1, "k"), (B, H, "q", "k"), 0.0),
     "padding-dropout": (128, True, 4, None, (B, 1, 1, "k"), 0.2),
     "bias-d64": (64, False, 4, (1, H, "q", "k"), None, 0.0),
+    # whole blocks (no ragged-block mask): rows 0-63 see none of the first 128 keys, row 3 none at all
+    "mask-even-first-block-hidden": (128, False, 4, None, (B, H, "q", "k"), 0.0),
 }
 
 
-def _gluon_case(name, dtype, sq=301, sk=317):
+def _gluon_case(name, dtype):
     d, causal, h_kv, bias_shape, mask_shape, dropout = GLUON_CASES[name]
+    sq, sk = (384, 384) if "even" in name else (301, 317)
     q, k, v, dout, dlse = inputs((B, sq, H, d), (B, sk, h_kv, d), dtype, seed=3)
     keys = jax.random.split(jax.random.key(5), 3)
     size = {"q": sq, "k": sk}
@@ -272,6 +286,8 @@ def _gluon_case(name, dtype, sq=301, sk=317):
     elif mask_shape:
         mask = jax.random.uniform(keys[1], tuple(size.get(n, n) for n in mask_shape)) > 0.3
         mask = mask.at[..., 3, :].set(False)  # a row that sees nothing
+        if "even" in name:
+            mask = mask.at[..., :64, :128].set(False)
     if mask_shape:
         kw["mask"] = ref_kw["mask"] = mask
     if dropout:
