@@ -302,8 +302,8 @@ def performance() -> str:
              "compare ratios taken in one run (run-to-run noise moves a ratio by a few hundredths, up to 0.08 at N "
              "1024). What each config row was measured against: [tuning.md](tuning.md); AMD (compiled, not yet "
              "timed): [amd.md](amd.md).", ""]
-    for section in (_attention_section, _llama_section, _variants_section, _decode_section, _gpt_section, _scaling_section,
-                    _dropout_section):
+    for section in (_attention_section, _llama_section, _variants_section, _decode_section, _gpt_section,
+                    _scaling_section, _dropout_section):
         lines += section()
     return "\n".join(_reflow(lines)).rstrip() + "\n"
 

@@ -102,12 +102,16 @@ def run(impl, q, k, v, dout, dlse, kw):
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_dense_bias_and_mask_against_float64(name, impl):
     (q, k, v, dout, dlse), kw, ref_kw, dtype = case_inputs(name)
-    got = run(impl, q, k, v, dout, dlse, kw)
-    ref = oracle.attention(q, k, v, dout, dlse, **ref_kw)
-    base = run("xla", q, k, v, dout, dlse, kw)
-    names = ("out", "lse", "dq", "dk", "dv") + (("dbias",) if "bias" in kw else ())
-    assert_close(got, ref, base, dtype, names=names)
-    if "mask" in kw:  # rows the mask hides entirely: output 0, lse -inf
+    assert_like_float64(run(impl, q, k, v, dout, dlse, kw), (q, k, v, dout, dlse), kw, ref_kw, dtype)
+
+
+def assert_like_float64(got, args, kw, ref_kw, dtype):
+    """got (run's dict) within FlashAttention's error rule of float64 (against xla in dtype), dbias too where there
+    is a bias; rows a mask hides entirely: output 0, lse -inf."""
+    ref = oracle.attention(*args, **ref_kw)
+    base = run("xla", *args, kw)
+    assert_close(got, ref, base, dtype, names=("out", "lse", "dq", "dk", "dv") + (("dbias",) if "bias" in kw else ()))
+    if "mask" in kw:
         hidden = ~np.isfinite(ref["lse"])
         if hidden.any():
             assert np.all(np.asarray(got["out"], np.float32).transpose(0, 2, 1, 3)[hidden] == 0)
@@ -178,7 +182,6 @@ def test_fp8_takes_no_dense_operand():
                                 implementation="xla")
 
 
-
 def test_a_dense_operand_past_the_kernels_offsets_is_named():
     """A bias whose planes reach 2**31 elements per batch entry (the kernels' 32-bit offsets) is refused by name for
     the kernels; xla takes it (shapes only: nothing is allocated)."""
@@ -188,6 +191,7 @@ def test_a_dense_operand_past_the_kernels_offsets_is_named():
         jax.eval_shape(lambda q, b: jax_flash_amd.attention(q, q, q, bias=b, implementation="interpret"), q, bias)
     out = jax.eval_shape(lambda q, b: jax_flash_amd.attention(q, q, q, bias=b, implementation="xla"), q, bias)
     assert out.shape == q.shape
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
@@ -251,12 +255,10 @@ def _gluon_dense_policy():
     """Policy(gluon_dense=True), the Gluon rows from any length (the tests' short sequences)."""
     from jax_flash_amd import plan
     from jax_flash_amd.kernels import configs
+    from test_gluon_fwd import _rows
 
-    def any_length(rows):
-        return tuple(row.but(row.name, min_seq=0) for row in rows)
-
-    return plan.Policy(gluon_dense=True, gluon_fwd=any_length(configs.SM90_GLUON_FWD),
-                       gluon_dkdv=any_length(configs.SM90_GLUON_DKDV))
+    return plan.Policy(gluon_dense=True, gluon_fwd=_rows(configs.SM90_GLUON_FWD, min_seq=0),
+                       gluon_dkdv=_rows(configs.SM90_GLUON_DKDV, min_seq=0))
 
 
 GLUON_CASES = {  # (d, causal, h_kv, bias shape, mask shape, dropout); "k": keys, "q": queries
@@ -332,9 +334,4 @@ def test_gluon_dense_against_float64(name, dtype):
         e = jax_flash_amd.explain(q, k, v, **kw)
         assert e.forward.kernels == ("attn_fwd_sm90",) and "attn_bwd_dkdv_sm90" in e.backward.kernels, e
         got = run("triton", q, k, v, dout, dlse, kw)
-    ref = oracle.attention(q, k, v, dout, dlse, **ref_kw)
-    base = run("xla", q, k, v, dout, dlse, kw)
-    assert_close(got, ref, base, dtype, names=("out", "lse", "dq", "dk", "dv") + (("dbias",) if "bias" in kw else ()))
-    hidden = ~np.isfinite(ref["lse"])
-    if hidden.any():  # rows the mask hides entirely: output 0
-        assert np.all(np.asarray(got["out"], np.float32).transpose(0, 2, 1, 3)[hidden] == 0)
+    assert_like_float64(got, (q, k, v, dout, dlse), kw, ref_kw, dtype)
