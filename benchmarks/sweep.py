@@ -82,7 +82,12 @@ EXPERIMENTS = {
     # 0.68x cuDNN's backward) against seven products
     "llamads": (
         [Case((1, n, 64, 128), causal, part="bwd", kv_heads=8) for n in (4096, 8192) for causal in (False, True)],
-        {"seven": dict(ds_workspace_bytes=0)}),
+        {"seven": dict(ds_workspace_bytes=0), "keyranges": dict(ds_key_ranges=True)}),
+    # causal dS path by key ranges (every head in each launch) against by head groups, where the workspace splits
+    "keyranges": (
+        [Case((b, n, h, 128), part="bwd", kv_heads=kv) for b, n, h, kv in
+         ((1, 8192, 64, 8), (1, 8192, 32, 8), (1, 16384, 16, 16), (2, 8192, 16, 16), (1, 16384, 8, 8))],
+        {"keyranges": dict(ds_key_ranges=True)}),
 }
 
 

@@ -10,6 +10,7 @@ from helpers import ON_GPU
 from jax_flash_amd import plan
 from jax_flash_amd.kernels import configs
 from jax_flash_amd.plan import Policy
+from jax_flash_amd.rules import Band
 from test_gluon_fwd import CASES as FWD_CASES, INF, _rows, run_case, through_the_api, with_defaults
 
 # the forward's cases (ragged blocks of b 2, cross lengths both ways, rows that see no key, GQA, ALiBi, windows,
@@ -56,6 +57,29 @@ def test_gluon_dkdv(name):
     assert "attn_bwd_dkdv_sm90" in kernels, kernels
     ds = c["ds"] if c["ds"] is not None else next(r.ds for r in configs.SM90_GLUON_DKDV if r.head_dim == c["d"])
     assert ("attn_bwd_dq_ds" in kernels) == ds, kernels
+
+
+# causal, the dS path by key ranges (Policy.ds_key_ranges): each range a call of its keys alone; cross lengths both
+# ways, grouped heads, a ragged last query block; the workspace budget that of half the keys
+KEY_RANGE_CASES = {"causal": dict(sq=1024, sk=1024), "gqa": dict(sq=1024, sk=1024, h=8, h_kv=2),
+                   "more-queries": dict(sq=1300, sk=1024), "fewer-queries": dict(sq=700, sk=1024, h_kv=2)}
+
+
+@pytest.mark.parametrize("name", list(KEY_RANGE_CASES))
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_gluon_dkdv_by_key_ranges(name, dtype):
+    """The Gluon dK/dV on the dS path in launches by key ranges, dQ's float32 parts summed, against float64."""
+    c = with_defaults({**KEY_RANGE_CASES[name], "causal": True, "dtype": dtype})
+    c["h_kv"] = c["h_kv"] if "h_kv" in KEY_RANGE_CASES[name] else c["h"]
+    call = plan.Call("sm90", c["b"], c["sq"], c["sk"], c["h"], c["h_kv"], 128, jnp.dtype(dtype).name,
+                     Band.of(True, (-1, -1), c["sq"], c["sk"]))
+    rows, cols = plan.ds_workspace(call.keys_slice(0, c["sk"] // 2), 2 * plan.GLUON_ROWS)
+    policy = Policy(ds_key_ranges=True, gluon_dkdv=_rows(configs.SM90_GLUON_DKDV, min_seq=0)).replace(
+        ds_workspace_bytes=rows * cols * 2)
+    kernels = run_case(c, seed=31, policy=policy)
+    assert kernels.count("attn_bwd_dkdv_sm90") == kernels.count("attn_bwd_dq_ds") == 2, kernels
 
 
 @pytest.mark.gpu

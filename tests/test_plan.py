@@ -283,6 +283,27 @@ def test_banded_ds_path_needs_blocks_within_its_groups():
         plan.plan_backward(call((1, 512, 1, 128), 1, window=(64, 0), rows={"dqds": wide_dq}, **NO_GLUON))
 
 
+def test_causal_ds_path_by_key_ranges():
+    """Policy.ds_key_ranges: a causal call that the workspace would split by head groups runs in launches by key
+    ranges of every head instead (balanced); not without the policy, not with a band bounded on the left, nor
+    with an operand that follows key positions. The Band of each range equals the whole band's columns."""
+    llama = dict(shape=(1, 8192, 64, 128), kv_heads=8)
+    p = plan.plan_backward(call(**llama, ds_key_ranges=True))
+    assert (p.key_ranges, p.head_groups) == (4, 1) and p.step("dkdv").grid == (16, 8)  # 2048 keys, 8 kv heads
+    assert p.step("dqds").grid == (64, 64) and p.step("dqsum").workspace == 2 * 8192 * 64 * 128 * 4
+    assert p.step("dkdv").buffer == (64 * 2048, 8192) and "4 launches by key ranges of 2048 keys" in str(p)
+    assert plan.plan_backward(call(**llama)).head_groups == 4
+    for other in (dict(causal=False), dict(window=(1024, 0)), dict(alibi=True), dict(dropout=0.1)):
+        p = plan.plan_backward(call(**llama, **other, ds_key_ranges=True))
+        assert p.key_ranges == 1, other
+    assert plan.plan_backward(call((1, 4096, 64, 128), 8, ds_key_ranges=True)).key_ranges == 1  # one launch
+    band = Band.of(True, (-1, -1), 300, 500)
+    for lo, n in ((0, 100), (200, 100), (400, 100)):
+        assert (band.keys(lo, n, 500).visible(300, n) == band.visible(300, 500)[:, lo:lo + n]).all()
+    with pytest.raises(ValueError, match="bounded on the left"):
+        Band(5, 0).keys(0, 100, 500)
+
+
 def test_the_ds_workspace_is_reported():
     p = plan.plan_backward(call((1, 16384, 16, 128), **NO_GLUON))
     rows, cols = p.step("dkdv").buffer
