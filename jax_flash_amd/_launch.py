@@ -236,21 +236,17 @@ def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Oper
         dq, dk, dv = _linear(plan, run, q, k, v, dout, lse2, delta, extras, statics)
     elif plan.step("dqds") is None:
         (dq, dk, dv), delta = _seven_products(plan, run, q, k, v, out, lse2, dout, dlse, extras, statics)
-    elif plan.key_ranges > 1:
-        delta = _delta(out, dout, dlse)
-        dq, dk, dv = _ds_path_by_keys(plan, run, q, k, v, lse2, delta, dout, extras, statics)
     else:
-        kv_heads, group = k.shape[2], q.shape[2] // k.shape[2]
-        heads = kv_heads // plan.head_groups
         delta = _delta(out, dout, dlse)  # dK/dV runs first here
-        parts = []
-        for lo in range(0, kv_heads, heads):  # by heads: each launch a whole attention of its heads, no partial sums
-            qh, kh = slice(lo * group, (lo + heads) * group), slice(lo, lo + heads)
-            inputs = (q[:, :, qh], k[:, :, kh], v[:, :, kh], lse2[:, qh], delta[:, qh], dout[:, :, qh])
-            if parts:  # one group after another, so that one workspace is live at a time
-                _, inputs = jax.lax.optimization_barrier((parts[-1], inputs))
-            parts.append(_ds_path(plan, run, *inputs, extras.heads(lo, lo + heads, group), statics))
-        dq, dk, dv = parts[0] if len(parts) == 1 else (jnp.concatenate(g, axis=2) for g in zip(*parts))
+        group = q.shape[2] // k.shape[2]
+        kr, vr = (jnp.repeat(x, group, axis=2) for x in (k, v)) if plan.per_query_head else (k, v)
+        if plan.key_ranges > 1:
+            dq, dk, dv = _ds_path_by_keys(plan, run, q, kr, vr, lse2, delta, dout, extras, statics)
+        else:
+            dq, dk, dv = _ds_path_by_heads(plan, run, q, kr, vr, lse2, delta, dout, extras, statics)
+        if plan.per_query_head:  # each group's query heads' parts, summed
+            dk, dv = (x.reshape(*k.shape[:3], group, k.shape[3]).sum(3, dtype=jnp.float32).astype(k.dtype)
+                      for x in (dk, dv))
     step = plan.step("dbias")
     if step is None:
         return dq, dk, dv
@@ -283,6 +279,20 @@ def _ds_path(plan: Plan, run: Run, q, k, v, lse2, delta, dout, extras: Operands,
                               **{n: scalars[n] for n in ("seq_q", "seq_k", "lo_off", "hi_off")}),
                          (jax.ShapeDtypeStruct(q.shape, dq_dtype or q.dtype),), extras))
     return dq, dk, dv
+
+
+def _ds_path_by_heads(plan: Plan, run: Run, q, k, v, lse2, delta, dout, extras: Operands, statics: Statics):
+    """The dS path by groups of plan.head_groups key/value heads: each launch a whole attention of its heads."""
+    kv_heads, group = k.shape[2], q.shape[2] // k.shape[2]
+    heads = kv_heads // plan.head_groups
+    parts = []
+    for lo in range(0, kv_heads, heads):
+        qh, kh = slice(lo * group, (lo + heads) * group), slice(lo, lo + heads)
+        inputs = (q[:, :, qh], k[:, :, kh], v[:, :, kh], lse2[:, qh], delta[:, qh], dout[:, :, qh])
+        if parts:  # one group after another, so that one workspace is live at a time
+            _, inputs = jax.lax.optimization_barrier((parts[-1], inputs))
+        parts.append(_ds_path(plan, run, *inputs, extras.heads(lo, lo + heads, group), statics))
+    return parts[0] if len(parts) == 1 else tuple(jnp.concatenate(g, axis=2) for g in zip(*parts))
 
 
 def _ds_path_by_keys(plan: Plan, run: Run, q, k, v, lse2, delta, dout, extras: Operands, statics: Statics):

@@ -56,6 +56,9 @@ class Policy:
     # the causal dS path in launches by key ranges, every head in each (balanced), where it would split by heads;
     # not yet run on a GPU
     ds_key_ranges: bool = False
+    # grouped heads' dS path with dK/dV per query head (K and V repeated), the parts summed over each group: a
+    # launch's programs number key blocks x query heads; not yet run on a GPU
+    dkdv_per_query_head: bool = False
 
     def replace(self, **change) -> Policy:
         """A copy with fields changed; limits may be given as their own fields (narrow_window=0, ...)."""
@@ -202,6 +205,10 @@ class Call:
         """The call of `kv_heads` of its key/value heads (and their query heads): a launch by head groups."""
         return dataclasses.replace(self, heads=kv_heads * self.group, kv_heads=kv_heads)
 
+    def per_query_head(self) -> Call:
+        """The call with K and V repeated for each query head (one key/value head per query head)."""
+        return dataclasses.replace(self, kv_heads=self.heads)
+
     def keys_slice(self, lo: int, n: int) -> Call:
         """The call of keys lo .. lo + n - 1 alone (rules.Band.keys): a launch by key ranges."""
         return dataclasses.replace(self, seq_k=n, band=self.band.keys(lo, n, self.seq_k))
@@ -270,12 +277,15 @@ class Step:
 class Plan:
     """An ordered tuple of steps. head_groups > 1 (the backward's dS path): the steps run once per group of
     key/value heads, each group a call of its heads alone (Call.heads_slice), so one workspace is live at a time;
-    key_ranges > 1 likewise once per range of seq_k / key_ranges keys (Call.keys_slice), dQ summed over them."""
+    key_ranges > 1 likewise once per range of seq_k / key_ranges keys (Call.keys_slice), dQ summed over them.
+    per_query_head: the steps are those of the call with K and V repeated per query head (Call.per_query_head);
+    head_groups and key_ranges count its heads; dK and dV the sums of each group's parts."""
     call: Any
     direction: str  # forward, backward, decode
     steps: tuple[Step, ...]
     head_groups: int = 1
     key_ranges: int = 1
+    per_query_head: bool = False
 
     def step(self, role: str) -> Step | None:
         return next((s for s in self.steps if s.role == role), None)
@@ -327,8 +337,11 @@ def render(plans: list[Plan]) -> str:
         c = p.call
         head = (f"{p.direction} on {c.target}: batch {c.batch}, seq_q {c.seq_q}, seq_k {getattr(c, 'seq_k', '-')}, "
                 f"heads {c.heads}/{c.kv_heads}, head_dim {c.head_dim}, {c.dtype}")
+        if p.per_query_head:
+            head += f"; dK/dV per query head, summed over groups of {c.group}"
         if p.head_groups > 1:
-            head += f"; {p.head_groups} launches by head groups of {c.kv_heads // p.head_groups} kv heads"
+            kv = c.heads if p.per_query_head else c.kv_heads
+            head += f"; {p.head_groups} launches by head groups of {kv // p.head_groups} kv heads"
         if p.key_ranges > 1:
             head += f"; {p.key_ranges} launches by key ranges of {c.seq_k // p.key_ranges} keys"
         lines += [head, f"  workspace {_mib(p.workspace)}"]
@@ -850,6 +863,16 @@ def plan_backward(call: Call) -> Plan:
     # lock is passed on (no s_waitcnt vmcnt(0) before its s_barrier; docs/tuning.md, the linear backward)
     if call.policy.linear_backward and not (call.deterministic and call.target in AMD_TARGETS):
         return Plan(call, "backward", _linear_steps(call) + _dbias_steps(call))
+    if call.policy.dkdv_per_query_head and call.group > 1:
+        whole = call.per_query_head()
+        if ds_heads(whole):
+            p = plan_backward(whole)
+            repeated = 2 * call.batch * call.seq_k * call.heads * call.head_dim * call.itemsize
+            parts = _step("dkdvsum", "xla", None, (), "xla", {}, {}, f"dK, dV: each group's {call.group} query heads' "
+                          "parts summed in float32, cast (XLA); K and V repeated per query head before", 2 * repeated)
+            # the bias's gradient as the call's own (its kernel reads the K and V given, not the repeated ones)
+            steps = p.steps[:len(p.steps) - len(_dbias_steps(whole))]
+            return dataclasses.replace(p, call=call, steps=(*steps, parts, *_dbias_steps(call)), per_query_head=True)
     row = dkdv_row(call)
     heads = ds_heads(call, row)
     ranges = ds_key_ranges(call, row)

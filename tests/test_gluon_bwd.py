@@ -82,6 +82,37 @@ def test_gluon_dkdv_by_key_ranges(name, dtype):
     assert kernels.count("attn_bwd_dkdv_sm90") == kernels.count("attn_bwd_dq_ds") == 2, kernels
 
 
+# grouped heads with dK/dV per query head (Policy.dkdv_per_query_head): causal, a window with ALiBi, dropout, by
+# launches of heads (a workspace of half the heads), by key ranges
+PER_QUERY_HEAD_CASES = {"causal": dict(sq=1000, sk=1000, causal=True, h=8, h_kv=2),
+                        "window-alibi": dict(sq=700, sk=900, window=(200, 30), h=8, h_kv=1, alibi=True),
+                        "dropout": dict(sq=600, sk=600, causal=True, h=4, h_kv=2, dropout=0.2),
+                        "by-heads": dict(sq=1024, sk=1024, causal=True, h=8, h_kv=2, split="heads"),
+                        "by-key-ranges": dict(sq=1024, sk=1024, causal=True, h=8, h_kv=2, split="keys")}
+
+
+@pytest.mark.parametrize("name", list(PER_QUERY_HEAD_CASES))
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_gluon_dkdv_per_query_head(name):
+    """The Gluon dK/dV once per query head (K and V repeated, each group's parts summed), against float64."""
+    c = {"split": None, **with_defaults(PER_QUERY_HEAD_CASES[name])}
+    policy = Policy(dkdv_per_query_head=True, gluon_dkdv=_rows(configs.SM90_GLUON_DKDV, min_seq=0,
+                                                               dropout=c["dropout"] > 0)).replace(narrow_window=0)
+    whole = plan.Call("sm90", c["b"], c["sq"], c["sk"], c["h"], c["h"], 128, band=Band.of(True, (-1, -1), 1024, 1024))
+    if c["split"] == "heads":
+        rows, cols = plan.ds_workspace(whole.heads_slice(c["h"] // 2), 2 * plan.GLUON_ROWS)
+        policy = policy.replace(ds_workspace_bytes=rows * cols * 2)
+    if c["split"] == "keys":
+        rows, cols = plan.ds_workspace(whole.keys_slice(0, c["sk"] // 2), 2 * plan.GLUON_ROWS)
+        policy = policy.replace(ds_key_ranges=True, ds_workspace_bytes=rows * cols * 2)
+    launches = []
+    run_case(c, seed=37, policy=policy, launches=launches)
+    dkdv = [one for one in launches if one.kernel.__name__ == "attn_bwd_dkdv_sm90"]
+    assert len(dkdv) == (2 if c["split"] else 1) and {one.constexprs["KV_H"] for one in dkdv} == {
+        c["h"] // 2 if c["split"] == "heads" else c["h"]}, dkdv
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_gluon_dkdv_through_the_api():

@@ -2,6 +2,8 @@
 (shape, dtype, band, variant, target, policy) and what its plan must say. No GPU needed: plans are data.
 The kernels' numerics on each path: test_sm90.py, test_gluon_fwd.py, test_gluon_bwd.py (GPU) and the interpreter
 tests."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -302,6 +304,27 @@ def test_causal_ds_path_by_key_ranges():
         assert (band.keys(lo, n, 500).visible(300, n) == band.visible(300, 500)[:, lo:lo + n]).all()
     with pytest.raises(ValueError, match="bounded on the left"):
         Band(5, 0).keys(0, 100, 500)
+
+
+def test_dkdv_per_query_head():
+    """Policy.dkdv_per_query_head: a grouped call's dS path planned as the call with K and V repeated per query head
+    (its programs key blocks x query heads), dK and dV summed over each group after; the bias's gradient as the call's
+    own. Calls of one query head per key/value head, or on seven products even so, are planned as before."""
+    llama = dict(shape=(1, 2048, 64, 128), kv_heads=8)
+    p = plan.plan_backward(call(**llama, dkdv_per_query_head=True))
+    assert p.per_query_head and p.step("dkdv").grid == (16, 64) and p.step("dkdv").flags["KV_H"] == 64
+    assert p.step("dkdvsum").workspace == 4 * 2048 * 64 * 128 * 2 and "summed over groups of 8" in str(p)
+    assert plan.plan_backward(call(**llama)).step("dkdv").grid == (16, 8)
+    # one query head's workspace fits where one group's did not: the dS path, by launches of 4 query heads
+    p = plan.plan_backward(call((1, 16384, 64, 128), 8, dkdv_per_query_head=True))
+    assert p.per_query_head and p.head_groups == 16 and p.step("dkdv").flags["KV_H"] == 4
+    assert plan.plan_backward(call((1, 16384, 64, 128), 8)).step("dqds") is None
+    assert not plan.plan_backward(call((1, 2048, 8, 128), 8, dkdv_per_query_head=True)).per_query_head
+    assert not plan.plan_backward(call(**llama, dkdv_per_query_head=True, ds_workspace_bytes=0)).per_query_head
+    biased = dataclasses.replace(call(**llama, dkdv_per_query_head=True), bias_shape=(1, 64, 2048, 2048),
+                                 operands=frozenset({"bias"}))
+    p = plan.plan_backward(biased)
+    assert p.kernels[-1] == "attn_bwd_dbias" and p.step("dbias").flags["KV_H"] == 8, p
 
 
 def test_the_ds_workspace_is_reported():

@@ -266,6 +266,52 @@ def test_ds_path_by_key_ranges_in_the_interpreter(case):
     assert_close(dict(out=out, lse=lse2 * np.log(2), dq=dq, dk=dk, dv=dv), ref, base, dtype)
 
 
+# grouped heads on the dS path with dK/dV per query head (Policy.dkdv_per_query_head): K and V repeated, each group's
+# parts summed; with ALiBi and a window, by launches of heads (here of one query head), by key ranges
+PER_QUERY_HEAD_CASES = {"gqa-causal": dict(sq=44, sk=44, h_kv=2), "mqa-alibi-window": dict(window=(9, 4), alibi=True),
+                        "by-heads": dict(h_kv=2, launches=4), "by-key-ranges": dict(sk=64, h_kv=2, launches=2)}
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("case", list(PER_QUERY_HEAD_CASES))
+@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
+def test_dkdv_per_query_head_in_the_interpreter(case):
+    """Against float64, dK/dV's launches counted and run per query head (KV_H the query heads)."""
+    from jax_flash_amd import _interpret
+    _interpret.check_available()
+    c = {**dict(sq=44, sk=44, h=4, h_kv=1, window=(-1, -1), alibi=False, launches=1), **PER_QUERY_HEAD_CASES[case]}
+    b, d, dtype, h = 2, 32, jnp.float16, c["h"]
+    causal = c["window"] == (-1, -1)
+    band = Band.of(causal, c["window"], c["sq"], c["sk"])
+    policy = TRITON.replace(**NEVER, dkdv_per_query_head=True, narrow_window=0)
+    if case == "by-heads":
+        policy = policy.replace(**_one_kv_head_per_launch(b, 1, c["sq"], c["sk"], 32, band))
+    if case == "by-key-ranges":
+        whole = plan.Call("interpret", b, c["sq"], c["sk"], h, h, d, "float16", band)
+        rows, cols = plan.ds_workspace(whole.keys_slice(0, c["sk"] // 2), 32)
+        policy = policy.replace(ds_key_ranges=True, ds_workspace_bytes=rows * cols * 2)
+    q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), dtype, seed=13)
+    slopes = jnp.asarray([[0.3, 0.1, 0.05, 0.2]] * b, jnp.float32) if c["alibi"] else None
+    statics = _launch.Statics(d ** -0.5, band)
+    launched = []
+
+    def run(launch):
+        launched.append((launch.kernel.__name__, launch.constexprs.get("KV_H")))
+        return _interpret.run(launch)
+
+    extras = Operands(slopes=slopes)
+    out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, rows=DS_INTERPRET_ROWS,
+                                policy=policy)
+    dq, dk, dv = _launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics,
+                                  rows=DS_INTERPRET_ROWS, policy=policy)
+    per_launch = h // c["launches"] if case == "by-heads" else h
+    assert [x for x in launched if x[0] != "attn_fwd"] == [("attn_bwd_dkdv", per_launch),
+                                                          ("attn_bwd_dq_ds", per_launch)] * c["launches"], launched
+    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, window=c["window"], alibi=slopes)
+    base = run_impl("xla", q, k, v, dout, dlse, causal=causal, window_size=c["window"], alibi_slopes=slopes)
+    assert_close(dict(out=out, lse=lse2 * np.log(2), dq=dq, dk=dk, dv=dv), ref, base, dtype)
+
+
 def _one_kv_head_per_launch(b, group, sq, sk, block_n, band) -> dict:
     """The dS path's workspace budget of one key/value head (group query heads): a launch per head."""
     ws_rows, ws_cols = plan.ds_workspace(plan.Call("interpret", b, sq, sk, group, 1, 32, band=band), block_n)
