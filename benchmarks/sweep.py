@@ -87,7 +87,7 @@ EXPERIMENTS = {
     # causal dS path by key ranges (every head in each launch) against by head groups, where the workspace splits
     "keyranges": (
         [Case((b, n, h, 128), part="bwd", kv_heads=kv) for b, n, h, kv in
-         ((1, 8192, 64, 8), (1, 16384, 64, 8), (1, 8192, 32, 8), (1, 16384, 16, 16), (2, 8192, 16, 16))],
+         ((1, 8192, 64, 8), (1, 16384, 64, 8), (1, 32768, 64, 8), (1, 8192, 32, 8), (1, 16384, 16, 16), (2, 8192, 16, 16))],
         {"keyranges": dict(ds_key_ranges=True), "perqueryhead": dict(dkdv_per_query_head=True),
          "both": dict(ds_key_ranges=True, dkdv_per_query_head=True)}),
 }
