@@ -81,13 +81,15 @@ EXPERIMENTS = {
     # the llama3.1 shapes (64 / 8 heads): the dS path in head-group launches (N 8192: four of 128 programs, causal
     # 0.68x cuDNN's backward) against seven products, launches by key ranges and dK/dV per query head
     "llamads": (
-        [Case((1, n, 64, 128), causal, part="bwd", kv_heads=8) for n in (2048, 4096, 8192) for causal in (False, True)],
+        [Case((1, n, 64, 128), causal, part="bwd", kv_heads=8) for n in (2048, 4096, 8192, 16384)
+         for causal in (False, True)],
         {"seven": dict(ds_workspace_bytes=0), "keyranges": dict(ds_key_ranges=True),
          "perqueryhead": dict(dkdv_per_query_head=True)}),
-    # causal dS path by key ranges (every head in each launch) against by head groups, where the workspace splits
+    # causal, where the workspace splits: the dS path by key ranges (every head in each launch), dK/dV per query head,
+    # both, against by head groups
     "keyranges": (
         [Case((b, n, h, 128), part="bwd", kv_heads=kv) for b, n, h, kv in
-         ((1, 8192, 64, 8), (1, 16384, 64, 8), (1, 32768, 64, 8), (1, 8192, 32, 8), (1, 16384, 16, 16), (2, 8192, 16, 16))],
+         ((1, 32768, 64, 8), (1, 8192, 32, 8), (1, 16384, 16, 16), (2, 8192, 16, 16))],
         {"keyranges": dict(ds_key_ranges=True), "perqueryhead": dict(dkdv_per_query_head=True),
          "both": dict(ds_key_ranges=True, dkdv_per_query_head=True)}),
 }
