@@ -244,9 +244,8 @@ def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Oper
             dq, dk, dv = _ds_path_by_keys(plan, run, q, kr, vr, lse2, delta, dout, extras, statics)
         else:
             dq, dk, dv = _ds_path_by_heads(plan, run, q, kr, vr, lse2, delta, dout, extras, statics)
-        if plan.per_query_head:  # each group's query heads' parts, summed
-            dk, dv = (x.reshape(*k.shape[:3], group, k.shape[3]).sum(3, dtype=jnp.float32).astype(k.dtype)
-                      for x in (dk, dv))
+        if plan.per_query_head:
+            dk, dv = (_group_sum(x, group).astype(k.dtype) for x in (dk, dv))
     step = plan.step("dbias")
     if step is None:
         return dq, dk, dv
@@ -279,6 +278,16 @@ def _ds_path(plan: Plan, run: Run, q, k, v, lse2, delta, dout, extras: Operands,
                               **{n: scalars[n] for n in ("seq_q", "seq_k", "lo_off", "hi_off")}),
                          (jax.ShapeDtypeStruct(q.shape, dq_dtype or q.dtype),), extras))
     return dq, dk, dv
+
+
+def _group_sum(x, group: int):
+    """(batch, seq, heads / group, D) float32: each group's heads of x (batch, seq, heads, D) added in order, as
+    elementwise adds (a reduction may sum in an order that varies: deterministic by default)."""
+    parts = x.reshape(*x.shape[:2], x.shape[2] // group, group, x.shape[3]).astype(jnp.float32)
+    total = parts[:, :, :, 0]
+    for g in range(1, group):
+        total = total + parts[:, :, :, g]
+    return total
 
 
 def _ds_path_by_heads(plan: Plan, run: Run, q, k, v, lse2, delta, dout, extras: Operands, statics: Statics):
