@@ -3,11 +3,14 @@ on seven products (GPU only; Gluon does not run in Triton's interpreter); its ro
 calls take it (plan.gluon_dkdv_row): tests/test_plan.py. What _launch.backward launches with it, compiled for sm90 on
 the CPU: tests/kernel_factory_cases.py case_cuda_gluon_dkdv. Paths are chosen through plan.Policy (plan.using)."""
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from helpers import ON_GPU
-from jax_flash_amd import plan
+from helpers import ON_GPU, fwd_bwd_through, inputs
+from jax_flash_amd import _launch, _triton, plan
+from jax_flash_amd.operands import Operands
 from jax_flash_amd.kernels import configs
 from jax_flash_amd.plan import Policy
 from jax_flash_amd.rules import Band
@@ -111,6 +114,35 @@ def test_gluon_dkdv_per_query_head(name):
     dkdv = [one for one in launches if one.kernel.__name__ == "attn_bwd_dkdv_sm90"]
     assert len(dkdv) == (2 if c["split"] else 1) and {one.constexprs["KV_H"] for one in dkdv} == {
         c["h"] // 2 if c["split"] == "heads" else c["h"]}, dkdv
+
+
+@pytest.mark.parametrize("how", ["default", "by-heads", "by-key-ranges", "per-query-head"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_backward_is_bitwise_repeatable(how):
+    """The backward's gradients are the same bits in 10 runs (deterministic by default: one writer per element, sums
+    in a fixed order), on the dS path as shipped, by head groups, by key ranges and per query head."""
+    b, n, h, h_kv = 2, 2048, 8, 2
+    whole = plan.Call("sm90", b, n, n, h, h_kv, 128, band=Band.of(True, (-1, -1), n, n))
+    rows, cols = plan.ds_workspace(whole.heads_slice(1), 2 * plan.GLUON_ROWS)
+    policy = {"default": Policy(), "by-heads": Policy().replace(ds_workspace_bytes=rows * cols * 2),
+              "by-key-ranges": Policy(ds_key_ranges=True).replace(ds_workspace_bytes=rows * cols * 2),
+              "per-query-head": Policy(dkdv_per_query_head=True)}[how]
+    q, k, v, dout, dlse = inputs((b, n, h, 128), (b, n, h_kv, 128), jnp.bfloat16, seed=41)
+    statics = _launch.Statics(128 ** -0.5, whole.band)
+    kernels = []
+
+    def run(launch):
+        kernels.append(launch.kernel.__name__)
+        return _triton.run(launch)
+
+    f = jax.jit(fwd_bwd_through(run, _triton.target(), statics, policy=policy))
+    first = jax.device_get(f(q, k, v, dout, dlse, Operands()))
+    assert "attn_bwd_dq_ds" in kernels, kernels
+    for _ in range(10):
+        again = jax.device_get(f(q, k, v, dout, dlse, Operands()))
+        for name in ("dq", "dk", "dv"):
+            np.testing.assert_array_equal(np.asarray(again[name]), np.asarray(first[name]), err_msg=name)
 
 
 @pytest.mark.gpu

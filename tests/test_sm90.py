@@ -229,8 +229,8 @@ def test_tma_path_in_the_interpreter(case, dtype, path):
 
 # causal calls on the dS path by key ranges (Policy.ds_key_ranges, where the workspace would split heads): two ranges
 # of 32 keys; queries as many, more (rows that see no key) and fewer, grouped heads, a ragged last query block
-KEY_RANGE_CASES = {"causal": dict(sq=64, sk=64), "more-queries": dict(sq=96, sk=64), "fewer-queries": dict(sq=40, sk=64),
-                   "gqa": dict(sq=44, sk=64, h=4)}
+KEY_RANGE_CASES = {"causal": dict(sq=64, sk=64), "more-queries": dict(sq=96, sk=64),
+                   "fewer-queries": dict(sq=40, sk=64), "gqa": dict(sq=44, sk=64, h=4)}
 
 
 @pytest.mark.matrix
