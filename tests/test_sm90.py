@@ -269,7 +269,8 @@ def test_ds_path_by_key_ranges_in_the_interpreter(case):
 # grouped heads on the dS path with dK/dV per query head (Policy.dkdv_per_query_head): K and V repeated, each group's
 # parts summed; with ALiBi and a window, by launches of heads (here of one query head), by key ranges
 PER_QUERY_HEAD_CASES = {"gqa-causal": dict(sq=44, sk=44, h_kv=2), "mqa-alibi-window": dict(window=(9, 4), alibi=True),
-                        "by-heads": dict(h_kv=2, launches=4), "by-key-ranges": dict(sk=64, h_kv=2, launches=2)}
+                        "by-heads": dict(h_kv=2, launches=4), "by-key-ranges": dict(sk=64, h_kv=2, launches=2),
+                        "dropout": dict(h_kv=2, dropout=0.2)}
 
 
 @pytest.mark.matrix
@@ -279,7 +280,8 @@ def test_dkdv_per_query_head_in_the_interpreter(case):
     """Against float64, dK/dV's launches counted and run per query head (KV_H the query heads)."""
     from jax_flash_amd import _interpret
     _interpret.check_available()
-    c = {**dict(sq=44, sk=44, h=4, h_kv=1, window=(-1, -1), alibi=False, launches=1), **PER_QUERY_HEAD_CASES[case]}
+    c = {**dict(sq=44, sk=44, h=4, h_kv=1, window=(-1, -1), alibi=False, dropout=0.0, launches=1),
+         **PER_QUERY_HEAD_CASES[case]}
     b, d, dtype, h = 2, 32, jnp.float16, c["h"]
     causal = c["window"] == (-1, -1)
     band = Band.of(causal, c["window"], c["sq"], c["sk"])
@@ -292,14 +294,16 @@ def test_dkdv_per_query_head_in_the_interpreter(case):
         policy = policy.replace(ds_key_ranges=True, ds_workspace_bytes=rows * cols * 2)
     q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), dtype, seed=13)
     slopes = jnp.asarray([[0.3, 0.1, 0.05, 0.2]] * b, jnp.float32) if c["alibi"] else None
-    statics = _launch.Statics(d ** -0.5, band)
+    p, rng = c["dropout"], jax.random.key(3)
+    seeds = reference.dropout_seeds(rng, b, h) if p else None
+    statics = _launch.Statics(d ** -0.5, band, dropout_p=p)
     launched = []
 
     def run(launch):
         launched.append((launch.kernel.__name__, launch.constexprs.get("KV_H")))
         return _interpret.run(launch)
 
-    extras = Operands(slopes=slopes)
+    extras = Operands(slopes=slopes, seeds=seeds)
     out, lse2 = _launch.forward(run, "interpret", q, k, v, extras, statics=statics, rows=DS_INTERPRET_ROWS,
                                 policy=policy)
     dq, dk, dv = _launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics,
@@ -307,8 +311,10 @@ def test_dkdv_per_query_head_in_the_interpreter(case):
     per_launch = h // c["launches"] if case == "by-heads" else h
     assert [x for x in launched if x[0] != "attn_fwd"] == [("attn_bwd_dkdv", per_launch),
                                                           ("attn_bwd_dq_ds", per_launch)] * c["launches"], launched
-    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, window=c["window"], alibi=slopes)
-    base = run_impl("xla", q, k, v, dout, dlse, causal=causal, window_size=c["window"], alibi_slopes=slopes)
+    drop = dict(dropout_p=p, keep=reference.dropout_keep(seeds, c["sq"], c["sk"], p)) if p else {}
+    ref = oracle.attention(q, k, v, dout, dlse, causal=causal, window=c["window"], alibi=slopes, **drop)
+    base = run_impl("xla", q, k, v, dout, dlse, causal=causal, window_size=c["window"], alibi_slopes=slopes,
+                    **(dict(dropout_p=p, dropout_rng=rng) if p else {}))
     assert_close(dict(out=out, lse=lse2 * np.log(2), dq=dq, dk=dk, dv=dv), ref, base, dtype)
 
 
