@@ -81,8 +81,8 @@ EXPERIMENTS = {
     # the llama3.1 shapes (64 / 8 heads): the dS path in head-group launches (N 8192: four of 128 programs, causal
     # 0.68x cuDNN's backward) against seven products, launches by key ranges and dK/dV per query head
     "llamads": (
-        [Case((1, n, 64, 128), causal, part="bwd", kv_heads=8) for n in (2048, 4096, 8192, 16384)
-         for causal in (False, True)],
+        [Case((1, n, 64, 128), causal, part="bwd", kv_heads=8) for causal in (True, False)
+         for n in (8192, 2048, 16384, 4096)],
         {"seven": dict(ds_workspace_bytes=0), "keyranges": dict(ds_key_ranges=True),
          "perqueryhead": dict(dkdv_per_query_head=True)}),
     # causal, where the workspace splits: the dS path by key ranges (every head in each launch), dK/dV per query head,
