@@ -79,19 +79,11 @@ EXPERIMENTS = {
         [Case((4, 4096, 16, 128), causal, bias=True, part=part) for causal in (False, True) for part in ("fwd", "bwd")],
         {"gluon": dict(gluon_dense=True)}),
     # the llama3.1 shapes (64 / 8 heads): the dS path in head-group launches (N 8192: four of 128 programs, causal
-    # 0.68x cuDNN's backward) against seven products, launches by key ranges and dK/dV per query head
+    # 0.68x cuDNN's backward) against seven products and dK/dV per query head
     "llamads": (
         [Case((1, n, 64, 128), causal, part="bwd", kv_heads=8) for causal in (True, False)
          for n in (8192, 2048, 16384, 4096)],
-        {"seven": dict(ds_workspace_bytes=0), "keyranges": dict(ds_key_ranges=True),
-         "perqueryhead": dict(dkdv_per_query_head=True)}),
-    # causal, where the workspace splits: the dS path by key ranges (every head in each launch), dK/dV per query head,
-    # both, against by head groups
-    "keyranges": (
-        [Case((b, n, h, 128), part="bwd", kv_heads=kv) for b, n, h, kv in
-         ((1, 32768, 64, 8), (1, 8192, 32, 8), (1, 16384, 16, 16), (2, 8192, 16, 16))],
-        {"keyranges": dict(ds_key_ranges=True), "perqueryhead": dict(dkdv_per_query_head=True),
-         "both": dict(ds_key_ranges=True, dkdv_per_query_head=True)}),
+        {"seven": dict(ds_workspace_bytes=0), "perqueryhead": dict(dkdv_per_query_head=True)}),
 }
 
 

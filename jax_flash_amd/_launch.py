@@ -240,10 +240,7 @@ def backward(run: Run, target: str, q, k, v, out, lse2, dout, dlse, extras: Oper
         delta = _delta(out, dout, dlse)  # dK/dV runs first here
         group = q.shape[2] // k.shape[2]
         kr, vr = (jnp.repeat(x, group, axis=2) for x in (k, v)) if plan.per_query_head else (k, v)
-        if plan.key_ranges > 1:
-            dq, dk, dv = _ds_path_by_keys(plan, run, q, kr, vr, lse2, delta, dout, extras, statics)
-        else:
-            dq, dk, dv = _ds_path_by_heads(plan, run, q, kr, vr, lse2, delta, dout, extras, statics)
+        dq, dk, dv = _ds_path_by_heads(plan, run, q, kr, vr, lse2, delta, dout, extras, statics)
         if plan.per_query_head:
             dk, dv = (_group_sum(x, group).astype(k.dtype) for x in (dk, dv))
     step = plan.step("dbias")
@@ -268,15 +265,14 @@ def ds_scale(statics: Statics) -> np.float32:
     return np.float32(statics.scale * rules.dropout_keep_scale(statics.dropout_p))
 
 
-def _ds_path(plan: Plan, run: Run, q, k, v, lse2, delta, dout, extras: Operands, statics: Statics, dq_dtype=None):
-    """One head group (or key range) of the dS path: dK/dV also writes dS^T, attn_bwd_dq_ds reads it for dQ (in
-    dq_dtype, else q's)."""
+def _ds_path(plan: Plan, run: Run, q, k, v, lse2, delta, dout, extras: Operands, statics: Statics):
+    """One head group of the dS path: dK/dV also writes dS^T, attn_bwd_dq_ds reads it for dQ."""
     dk, dv, ds = _dkdv(plan, run, q, k, v, dout, lse2, delta, extras, statics)
     scalars = _scalars(q, k, statics)
     (dq,) = run(_of_step(plan.step("dqds"), bwd.attn_bwd_dq_ds,
                          dict(K=k, dS=ds, sm_scale=ds_scale(statics),
                               **{n: scalars[n] for n in ("seq_q", "seq_k", "lo_off", "hi_off")}),
-                         (jax.ShapeDtypeStruct(q.shape, dq_dtype or q.dtype),), extras))
+                         (jax.ShapeDtypeStruct(q.shape, q.dtype),), extras))
     return dq, dk, dv
 
 
@@ -302,25 +298,6 @@ def _ds_path_by_heads(plan: Plan, run: Run, q, k, v, lse2, delta, dout, extras: 
             _, inputs = jax.lax.optimization_barrier((parts[-1], inputs))
         parts.append(_ds_path(plan, run, *inputs, extras.heads(lo, lo + heads, group), statics))
     return parts[0] if len(parts) == 1 else tuple(jnp.concatenate(g, axis=2) for g in zip(*parts))
-
-
-def _ds_path_by_keys(plan: Plan, run: Run, q, k, v, lse2, delta, dout, extras: Operands, statics: Statics):
-    """The dS path by key ranges (plan.ds_key_ranges): each range a call of its keys alone (rules.Band.keys), its
-    dQ part in float32, the parts summed in range order."""
-    seq_k = k.shape[1]
-    size = seq_k // plan.key_ranges
-    dq, dks, dvs = None, [], []
-    for lo in range(0, seq_k, size):
-        keys = slice(lo, lo + size)
-        inputs = (q, k[:, keys], v[:, keys], lse2, delta, dout)
-        if dq is not None:  # one range after another, so that one workspace is live at a time
-            _, inputs = jax.lax.optimization_barrier((dq, inputs))
-        part, dk, dv = _ds_path(plan, run, *inputs, extras, dataclasses.replace(
-            statics, band=statics.band.keys(lo, size, seq_k)), dq_dtype=jnp.float32)
-        dq = part if dq is None else dq + part
-        dks.append(dk)
-        dvs.append(dv)
-    return dq.astype(q.dtype), jnp.concatenate(dks, axis=1), jnp.concatenate(dvs, axis=1)
 
 
 def _linear(plan: Plan, run: Run, q, k, v, dout, lse2, delta, extras: Operands, statics: Statics):

@@ -20,6 +20,7 @@ import contextlib
 import contextvars
 import dataclasses
 import heapq
+import math
 from typing import Any
 
 import numpy as np
@@ -53,12 +54,9 @@ class Policy:
     linear_backward: bool = False  # the backward in one pass, dQ summed in float32 (plan_backward; slower, not default)
     # a dense bias / mask through the Gluon forward and dK/dV (tiled grids, no softcap, 16-bit); not yet run on a GPU
     gluon_dense: bool = False
-    # the causal dS path in launches by key ranges, every head in each (balanced), where it would split by heads;
-    # not yet run on a GPU
-    ds_key_ranges: bool = False
     # grouped heads' dS path with dK/dV per query head (K and V repeated), the parts summed over each group: a
-    # launch's programs number key blocks x query heads; not yet run on a GPU
-    dkdv_per_query_head: bool = False
+    # launch's programs number key blocks x query heads; None: where per_query_head's rule takes it
+    dkdv_per_query_head: bool | None = None
 
     def replace(self, **change) -> Policy:
         """A copy with fields changed; limits may be given as their own fields (narrow_window=0, ...)."""
@@ -209,10 +207,6 @@ class Call:
         """The call with K and V repeated for each query head (one key/value head per query head)."""
         return dataclasses.replace(self, kv_heads=self.heads)
 
-    def keys_slice(self, lo: int, n: int) -> Call:
-        """The call of keys lo .. lo + n - 1 alone (rules.Band.keys): a launch by key ranges."""
-        return dataclasses.replace(self, seq_k=n, band=self.band.keys(lo, n, self.seq_k))
-
 
 def block_d(head_dim: int, dtype="bfloat16") -> int:
     """Head dim padded to a power of two >= tl.dot's smallest reduction (16; 32 for fp8), masked, never stored."""
@@ -276,15 +270,13 @@ class Step:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """An ordered tuple of steps. head_groups > 1 (the backward's dS path): the steps run once per group of
-    key/value heads, each group a call of its heads alone (Call.heads_slice), so one workspace is live at a time;
-    key_ranges > 1 likewise once per range of seq_k / key_ranges keys (Call.keys_slice), dQ summed over them.
+    key/value heads, each group a call of its heads alone (Call.heads_slice), so one workspace is live at a time.
     per_query_head: the steps are those of the call with K and V repeated per query head (Call.per_query_head);
-    head_groups and key_ranges count its heads; dK and dV the sums of each group's parts."""
+    head_groups counts its heads; dK and dV are the sums of each group's parts."""
     call: Any
     direction: str  # forward, backward, decode
     steps: tuple[Step, ...]
     head_groups: int = 1
-    key_ranges: int = 1
     per_query_head: bool = False
 
     def step(self, role: str) -> Step | None:
@@ -342,8 +334,6 @@ def render(plans: list[Plan]) -> str:
         if p.head_groups > 1:
             kv = c.heads if p.per_query_head else c.kv_heads
             head += f"; {p.head_groups} launches by head groups of {kv // p.head_groups} kv heads"
-        if p.key_ranges > 1:
-            head += f"; {p.key_ranges} launches by key ranges of {c.seq_k // p.key_ranges} keys"
         lines += [head, f"  workspace {_mib(p.workspace)}"]
         rows = [("step", "kernel", "row", "grid", "layout", "workspace", "flags", "why")]
         for s in p.steps:
@@ -744,30 +734,23 @@ def ds_heads(call: Call, row=None) -> int:
     return 0
 
 
-def ds_key_ranges(call: Call, row=None) -> int:
-    """Launches of the dS path by key ranges (Policy.ds_key_ranges), 0 for none: where it would split a call by
-    head groups (ds_heads below kv_heads) whose band is open on the left and bounded on the right (causal), and
-    that has no operand that follows key positions (ALiBi, dropout, segment ids, positions, a dense operand).
-    Causal by head groups, a launch's programs hold a key block of each head, the first ones the most work; by key
-    ranges (every head) a launch's programs hold similar work. The fewest equal ranges, whole blocks of the dK/dV
-    row, whose workspace fits limits.ds_workspace_bytes, rows within int32."""
-    row = row if row is not None else dkdv_row(call)
+def per_query_head(call: Call) -> bool:
+    """Whether a grouped call's backward runs the dS path with dK/dV per query head (Policy.dkdv_per_query_head, None:
+    this rule). The rule: a band bounded on the right (causal) whose own dS path launches fewer dK/dV programs than
+    the GPU has compute units (a key block of each of a launch's key/value heads, the first the heaviest: the launch
+    lasts as long as they do). Not where the call itself takes seven products (one query head's workspace would
+    fit: the dS path in the workspace's memory). H100, llama3.1 shapes (64 / 8 heads), causal backward ms, default /
+    per query head: N 2048 0.633 / 0.584, 4096 (256 programs) 1.738 / 1.850, 8192 9.185 / 6.330, 16384 (seven
+    products) 25.16 / 23.32 (docs/tuning.md)."""
+    if call.group == 1:
+        return False
+    if call.policy.dkdv_per_query_head is not None:
+        return call.policy.dkdv_per_query_head
+    row = dkdv_row(call)
     heads = ds_heads(call, row)
-    if (not call.policy.ds_key_ranges or not 0 < heads < call.kv_heads or call.band.sides != 1 or call.operands
-            or call.dropout_p):
-        return 0
-    unit = max(_block_n(row), pick(call, "dqds").block_n)
-    for n in range(2, call.seq_k // unit + 1):
-        if call.seq_k % (n * unit):
-            continue
-        size = call.seq_k // n
-        ws_rows, ws_cols = ds_workspace(call.keys_slice(0, size), _block_n(row))
-        if ws_rows < 2 ** 31 and ws_rows * ws_cols * 2 <= call.limits.ds_workspace_bytes:
-            # one plan serves every range: their dK/dV launches must compile and lay out alike
-            first = _dkdv_step(call.keys_slice(0, size), row, True)
-            rest = range(size, call.seq_k, size)
-            return n if all(_dkdv_step(call.keys_slice(lo, size), row, True) == first for lo in rest) else 0
-    return 0
+    if not heads or call.band.right < 0:
+        return False
+    return math.prod(_dkdv_step(call.heads_slice(heads), row, True)[0].grid) < call.compute_units
 
 
 def _ds_why(call: Call, row) -> str:
@@ -855,15 +838,15 @@ def _linear_steps(call: Call) -> tuple[Step, ...]:
 
 def plan_backward(call: Call) -> Plan:
     """The backward's steps. The linear backward where the policy asks for it; the dS path where the dK/dV row has
-    it and a workspace fits (dK/dV also stores dS^T, dQ is one product from it), by groups of heads or ranges of
-    keys; else seven products per tile (dQ, which also writes delta, then dK/dV)."""
+    it and a workspace fits (dK/dV also stores dS^T, dQ is one product from it), by groups of heads; else seven
+    products per tile (dQ, which also writes delta, then dK/dV)."""
     if call.fp8:
         raise TypeError("float8 attention is forward-only (inference): it has no backward plan")
     # AMD: not the ordered sum: Triton's barrier there does not wait for the other waves' dQ stores before the
     # lock is passed on (no s_waitcnt vmcnt(0) before its s_barrier; docs/tuning.md, the linear backward)
     if call.policy.linear_backward and not (call.deterministic and call.target in AMD_TARGETS):
         return Plan(call, "backward", _linear_steps(call) + _dbias_steps(call))
-    if call.policy.dkdv_per_query_head and call.group > 1:
+    if per_query_head(call):
         whole = call.per_query_head()
         if ds_heads(whole):
             p = plan_backward(whole)
@@ -875,10 +858,9 @@ def plan_backward(call: Call) -> Plan:
             return dataclasses.replace(p, call=call, steps=(*steps, parts, *_dbias_steps(call)), per_query_head=True)
     row = dkdv_row(call)
     heads = ds_heads(call, row)
-    ranges = ds_key_ranges(call, row)
     delta = call.batch * call.heads * call.seq_q * 4
     if heads:
-        group = call.keys_slice(0, call.seq_k // ranges) if ranges else call.heads_slice(heads)
+        group = call.heads_slice(heads)
         dq = pick(call, "dqds")
         if ds_banded(group) and not _within_band_groups(dq):
             raise ValueError(f"a dQ row with blocks over configs.DS_BAND_BLOCK ({configs.DS_BAND_BLOCK}) cannot read a "
@@ -892,13 +874,8 @@ def plan_backward(call: Call) -> Plan:
                  *_dkdv_step(group, row, ds=True),
                  _step("dqds", "attn_bwd_dq_ds", dq, (_cdiv(call.seq_q, dq.block_m), group.batch * group.heads),
                        "tiled", flags, dq.options(), "dS path: dQ = scale dS K, one product per tile")]
-        how = "dS path" + (f", {ranges} key ranges" if ranges else
-                           f", {call.kv_heads // heads} head groups" if heads < call.kv_heads else "")
+        how = "dS path" + (f", {call.kv_heads // heads} head groups" if heads < call.kv_heads else "")
         steps[1] = dataclasses.replace(steps[1], reason=f"{how}; {steps[1].reason}")
-        if ranges:  # each range's dQ in float32, summed in order (deterministic): the sum and one range's part live
-            steps.append(_step("dqsum", "xla", None, (), "xla", {}, {}, "dQ: the key ranges' float32 parts summed "
-                               "in order, cast (XLA)", 2 * call.batch * call.seq_q * call.heads * call.head_dim * 4))
-            return Plan(call, "backward", tuple(steps) + _dbias_steps(call), key_ranges=ranges)
         return Plan(call, "backward", tuple(steps) + _dbias_steps(call), head_groups=call.kv_heads // heads)
     dq = pick(call, "dq", takes_tma(call))
     dq_step = _step("dq", "attn_bwd_dq", dq, (_cdiv(call.seq_q, dq.block_m), call.batch * call.heads), "tiled",

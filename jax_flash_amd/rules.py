@@ -57,14 +57,6 @@ class Band:
         return (diag - self.left if self.left >= 0 else -UNBOUNDED,
                 diag + self.right if self.right >= 0 else UNBOUNDED)
 
-    def keys(self, lo: int, n: int, seq_k: int) -> Band:
-        """The band of keys lo .. lo + n - 1 of a call of seq_k keys, as the call of those n keys (same queries)
-        sees it: its right side moves by the keys after them. Open on the left only: a bounded left side would
-        move the other way, below what a Band can state."""
-        if self.left >= 0:
-            raise ValueError(f"a key range of a band bounded on the left: {self}")
-        return Band(-1, self.right + seq_k - lo - n if self.right >= 0 else -1)
-
     def visible(self, seq_q: int, seq_k: int, shift=None) -> jax.Array:
         """(seq_q, seq_k) bool: query i sees key j (the O(N^2) mask of the pure-JAX reference). shift
         (batch,) int: the band moved by that many keys per batch row (a block of a larger call,

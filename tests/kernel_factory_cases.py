@@ -343,37 +343,6 @@ def _gluon_dkdv_launches(cuda):
             assert np.isclose(scale, statics.scale / (1 - rules.dropout_rate(0.1)), rtol=1e-6, atol=0), scale
 
 
-def case_cuda_ds_path_by_key_ranges():
-    """The causal dS path by key ranges (plan.Policy.ds_key_ranges), as _launch.backward makes it: per range the Gluon
-    dK/dV over that range's keys and the band moved to them, dQ's part in float32; both compiled for sm90."""
-    fake_jax_triton(KernelWithScratch, 90)
-    cuda = CUDABackend(GPUTarget("cuda", 90, 32))
-    import jax.numpy as jnp
-
-    from jax_flash_amd import _launch, plan
-    from jax_flash_amd.kernels import configs
-    from jax_flash_amd.plan import Policy
-    from jax_flash_amd.rules import Band
-
-    statics = _launch.Statics(128 ** -0.5, Band.of(True, (-1, -1), 512, 512))
-    whole = plan.Call("sm90", 2, 512, 512, 4, 4, 128, band=statics.band)
-    rows, cols = plan.ds_workspace(whole.keys_slice(0, 256), 128)
-    policy = Policy(ds_key_ranges=True, gluon_dkdv=_rows(configs.SM90_GLUON_DKDV, min_seq=0)).replace(
-        ds_workspace_bytes=rows * cols * 2)
-    launches = _backward_launches(128, statics, shape=(2, 512, 4), policy=policy)
-    assert [one.kernel.__name__ for one in launches] == ["attn_bwd_dkdv_sm90", "attn_bwd_dq_ds"] * 2, launches
-    for i, (dkdv, dq) in enumerate(zip(launches[::2], launches[1::2])):
-        args = dict(zip(_launch._params(dkdv.kernel), dkdv.args))
-        assert args["K"].shape == (2, 256, 4, 128) and (args["lo_off"], args["hi_off"]) == (-(1 << 30), -256 * i)
-        assert dkdv.grid == (2, 8) and dq.grid == (4, 8) and dq.out_shapes[0].dtype == jnp.float32, (dkdv, dq)
-        assert dkdv.out_shapes[2].shape == (rows, cols), dkdv.out_shapes
-    _compiles(launches[0], cuda, "attn_bwd_dkdv_sm90")
-    dtypes, scalars = _signature(launches[1])
-    kernel, _ = call(launches[1].kernel, cuda, "cuda", dtypes, scalars, launches[1].constexprs,
-                     num_warps=launches[1].compile_options["num_warps"])
-    assert kernel.args[0].startswith("attn_bwd_dq_ds"), kernel.args[:3]
-
-
 def case_cuda_gluon_dkdv_persistent():
     """The Gluon dK/dV's persistent grid (kernels/bwd_sm90.py N_ROWS; a row made `persistent` ahead of the tiled one,
     no row ships it) as _launch.backward makes it on 132 SMs: about one program per SM where the call runs persistent,

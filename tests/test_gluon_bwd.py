@@ -62,36 +62,12 @@ def test_gluon_dkdv(name):
     assert ("attn_bwd_dq_ds" in kernels) == ds, kernels
 
 
-# causal, the dS path by key ranges (Policy.ds_key_ranges): each range a call of its keys alone; cross lengths both
-# ways, grouped heads, a ragged last query block; the workspace budget that of half the keys
-KEY_RANGE_CASES = {"causal": dict(sq=1024, sk=1024), "gqa": dict(sq=1024, sk=1024, h=8, h_kv=2),
-                   "more-queries": dict(sq=1300, sk=1024), "fewer-queries": dict(sq=700, sk=1024, h_kv=2)}
-
-
-@pytest.mark.parametrize("name", list(KEY_RANGE_CASES))
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-def test_gluon_dkdv_by_key_ranges(name, dtype):
-    """The Gluon dK/dV on the dS path in launches by key ranges, dQ's float32 parts summed, against float64."""
-    c = with_defaults({**KEY_RANGE_CASES[name], "causal": True, "dtype": dtype})
-    c["h_kv"] = c["h_kv"] if "h_kv" in KEY_RANGE_CASES[name] else c["h"]
-    call = plan.Call("sm90", c["b"], c["sq"], c["sk"], c["h"], c["h_kv"], 128, jnp.dtype(dtype).name,
-                     Band.of(True, (-1, -1), c["sq"], c["sk"]))
-    rows, cols = plan.ds_workspace(call.keys_slice(0, c["sk"] // 2), 2 * plan.GLUON_ROWS)
-    policy = Policy(ds_key_ranges=True, gluon_dkdv=_rows(configs.SM90_GLUON_DKDV, min_seq=0)).replace(
-        ds_workspace_bytes=rows * cols * 2)
-    kernels = run_case(c, seed=31, policy=policy)
-    assert kernels.count("attn_bwd_dkdv_sm90") == kernels.count("attn_bwd_dq_ds") == 2, kernels
-
-
 # grouped heads with dK/dV per query head (Policy.dkdv_per_query_head): causal, a window with ALiBi, dropout, by
-# launches of heads (a workspace of half the heads), by key ranges
+# launches of heads (a workspace of half the heads)
 PER_QUERY_HEAD_CASES = {"causal": dict(sq=1000, sk=1000, causal=True, h=8, h_kv=2),
                         "window-alibi": dict(sq=700, sk=900, window=(200, 30), h=8, h_kv=1, alibi=True),
                         "dropout": dict(sq=600, sk=600, causal=True, h=4, h_kv=2, dropout=0.2),
-                        "by-heads": dict(sq=1024, sk=1024, causal=True, h=8, h_kv=2, split="heads"),
-                        "by-key-ranges": dict(sq=1024, sk=1024, causal=True, h=8, h_kv=2, split="keys")}
+                        "by-heads": dict(sq=1024, sk=1024, causal=True, h=8, h_kv=2, split="heads")}
 
 
 @pytest.mark.parametrize("name", list(PER_QUERY_HEAD_CASES))
@@ -106,9 +82,6 @@ def test_gluon_dkdv_per_query_head(name):
     if c["split"] == "heads":
         rows, cols = plan.ds_workspace(whole.heads_slice(c["h"] // 2), 2 * plan.GLUON_ROWS)
         policy = policy.replace(ds_workspace_bytes=rows * cols * 2)
-    if c["split"] == "keys":
-        rows, cols = plan.ds_workspace(whole.keys_slice(0, c["sk"] // 2), 2 * plan.GLUON_ROWS)
-        policy = policy.replace(ds_key_ranges=True, ds_workspace_bytes=rows * cols * 2)
     launches = []
     run_case(c, seed=37, policy=policy, launches=launches)
     dkdv = [one for one in launches if one.kernel.__name__ == "attn_bwd_dkdv_sm90"]
@@ -116,17 +89,16 @@ def test_gluon_dkdv_per_query_head(name):
         c["h"] // 2 if c["split"] == "heads" else c["h"]}, dkdv
 
 
-@pytest.mark.parametrize("how", ["default", "by-heads", "by-key-ranges", "per-query-head"])
+@pytest.mark.parametrize("how", ["default", "by-heads", "per-query-head"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 def test_backward_is_bitwise_repeatable(how):
     """The backward's gradients are the same bits in 10 runs (deterministic by default: one writer per element, sums
-    in a fixed order), on the dS path as shipped, by head groups, by key ranges and per query head."""
+    in a fixed order), on the dS path as shipped, by head groups and per query head."""
     b, n, h, h_kv = 2, 2048, 8, 2
     whole = plan.Call("sm90", b, n, n, h, h_kv, 128, band=Band.of(True, (-1, -1), n, n))
     rows, cols = plan.ds_workspace(whole.heads_slice(1), 2 * plan.GLUON_ROWS)
     policy = {"default": Policy(), "by-heads": Policy().replace(ds_workspace_bytes=rows * cols * 2),
-              "by-key-ranges": Policy(ds_key_ranges=True).replace(ds_workspace_bytes=rows * cols * 2),
               "per-query-head": Policy(dkdv_per_query_head=True)}[how]
     q, k, v, dout, dlse = inputs((b, n, h, 128), (b, n, h_kv, 128), jnp.bfloat16, seed=41)
     statics = _launch.Statics(128 ** -0.5, whole.band)

@@ -285,37 +285,21 @@ def test_banded_ds_path_needs_blocks_within_its_groups():
         plan.plan_backward(call((1, 512, 1, 128), 1, window=(64, 0), rows={"dqds": wide_dq}, **NO_GLUON))
 
 
-def test_causal_ds_path_by_key_ranges():
-    """Policy.ds_key_ranges: a causal call that the workspace would split by head groups runs in launches by key
-    ranges of every head instead (balanced); not without the policy, not with a band bounded on the left, nor
-    with an operand that follows key positions. The Band of each range equals the whole band's columns."""
-    llama = dict(shape=(1, 8192, 64, 128), kv_heads=8)
-    p = plan.plan_backward(call(**llama, ds_key_ranges=True))
-    assert (p.key_ranges, p.head_groups) == (4, 1) and p.step("dkdv").grid == (16, 8)  # 2048 keys, 8 kv heads
-    assert p.step("dqds").grid == (64, 64) and p.step("dqsum").workspace == 2 * 8192 * 64 * 128 * 4
-    assert p.step("dkdv").buffer == (64 * 2048, 8192) and "4 launches by key ranges of 2048 keys" in str(p)
-    assert plan.plan_backward(call(**llama)).head_groups == 4
-    for other in (dict(causal=False), dict(window=(1024, 0)), dict(alibi=True), dict(dropout=0.1)):
-        p = plan.plan_backward(call(**llama, **other, ds_key_ranges=True))
-        assert p.key_ranges == 1, other
-    assert plan.plan_backward(call((1, 4096, 64, 128), 8, ds_key_ranges=True)).key_ranges == 1  # one launch
-    band = Band.of(True, (-1, -1), 300, 500)
-    for lo, n in ((0, 100), (200, 100), (400, 100)):
-        assert (band.keys(lo, n, 500).visible(300, n) == band.visible(300, 500)[:, lo:lo + n]).all()
-    with pytest.raises(ValueError, match="bounded on the left"):
-        Band(5, 0).keys(0, 100, 500)
-
-
 def test_dkdv_per_query_head():
     """Policy.dkdv_per_query_head: a grouped call's dS path planned as the call with K and V repeated per query head
     (its programs key blocks x query heads), dK and dV summed over each group after; the bias's gradient as the call's
-    own. Calls of one query head per key/value head, or on seven products even so, are planned as before."""
+    own. The rule (None): causal calls whose own dS launches have fewer dK/dV programs than compute units."""
     llama = dict(shape=(1, 2048, 64, 128), kv_heads=8)
-    p = plan.plan_backward(call(**llama, dkdv_per_query_head=True))
+    p = plan.plan_backward(call(**llama))  # 16 key blocks x 8 kv heads = 128 programs < 132
     assert p.per_query_head and p.step("dkdv").grid == (16, 64) and p.step("dkdv").flags["KV_H"] == 64
     assert p.step("dkdvsum").workspace == 4 * 2048 * 64 * 128 * 2 and "summed over groups of 8" in str(p)
-    assert plan.plan_backward(call(**llama)).step("dkdv").grid == (16, 8)
-    # one query head's workspace fits where one group's did not: the dS path, by launches of 4 query heads
+    assert plan.plan_backward(call(**llama, dkdv_per_query_head=False)).step("dkdv").grid == (16, 8)
+    p = plan.plan_backward(call((1, 8192, 64, 128), 8))  # 4 launches of 64 key blocks x 2 kv heads
+    assert p.per_query_head and p.head_groups == 4 and p.step("dkdv").grid == (64, 16)
+    for shape, kw in (((1, 4096, 64, 128), {}), ((1, 2048, 64, 128), dict(causal=False)),
+                      ((1, 2048, 64, 128), dict(units=100)), ((1, 16384, 64, 128), {})):
+        assert not plan.plan_backward(call(shape, 8, **kw)).per_query_head, (shape, kw)
+    # forced: one query head's workspace fits where one group's did not: the dS path, by launches of 4 query heads
     p = plan.plan_backward(call((1, 16384, 64, 128), 8, dkdv_per_query_head=True))
     assert p.per_query_head and p.head_groups == 16 and p.step("dkdv").flags["KV_H"] == 4
     assert plan.plan_backward(call((1, 16384, 64, 128), 8)).step("dqds") is None

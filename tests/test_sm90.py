@@ -227,50 +227,10 @@ def test_tma_path_in_the_interpreter(case, dtype, path):
     assert_close(dict(out=out, lse=lse2 * np.log(2), dq=dq, dk=dk, dv=dv), ref, base, dtype)
 
 
-# causal calls on the dS path by key ranges (Policy.ds_key_ranges, where the workspace would split heads): two ranges
-# of 32 keys; queries as many, more (rows that see no key) and fewer, grouped heads, a ragged last query block
-KEY_RANGE_CASES = {"causal": dict(sq=64, sk=64), "more-queries": dict(sq=96, sk=64),
-                   "fewer-queries": dict(sq=40, sk=64), "gqa": dict(sq=44, sk=64, h=4)}
-
-
-@pytest.mark.matrix
-@pytest.mark.parametrize("case", list(KEY_RANGE_CASES))
-@pytest.mark.skipif(ON_GPU or os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter runs on CPU-only machines")
-def test_ds_path_by_key_ranges_in_the_interpreter(case):
-    """Each key range a call of its keys alone (rules.Band.keys): its dK/dV, dS and float32 dQ part; dQ the parts'
-    sum. Against float64, the launches counted."""
-    from jax_flash_amd import _interpret
-    _interpret.check_available()
-    c = {**dict(h=2, h_kv=2), **KEY_RANGE_CASES[case]}
-    b, d, dtype = 2, 32, jnp.float16
-    band = Band.of(True, (-1, -1), c["sq"], c["sk"])
-    call = plan.Call("interpret", b, c["sq"], c["sk"], c["h"], c["h_kv"], d, "float16", band)
-    rows, cols = plan.ds_workspace(call.keys_slice(0, c["sk"] // 2), DS_INTERPRET_ROWS["dkdv"].block_n)
-    policy = TRITON.replace(**NEVER, ds_key_ranges=True, ds_workspace_bytes=rows * cols * 2)
-    assert plan.ds_key_ranges(dataclasses.replace(call, policy=policy.replace(rows=DS_INTERPRET_ROWS))) == 2
-    q, k, v, dout, dlse = inputs((b, c["sq"], c["h"], d), (b, c["sk"], c["h_kv"], d), dtype, seed=11)
-    statics = _launch.Statics(d ** -0.5, band)
-    launched = []
-
-    def run(launch):
-        launched.append(launch.kernel.__name__)
-        return _interpret.run(launch)
-
-    out, lse2 = _launch.forward(run, "interpret", q, k, v, Operands(), statics=statics, rows=DS_INTERPRET_ROWS,
-                                policy=policy)
-    dq, dk, dv = _launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, Operands(), statics=statics,
-                                  rows=DS_INTERPRET_ROWS, policy=policy)
-    assert launched.count("attn_bwd_dq_ds") == launched.count("attn_bwd_dkdv") == 2, launched
-    ref = oracle.attention(q, k, v, dout, dlse, causal=True)
-    base = run_impl("xla", q, k, v, dout, dlse, causal=True)
-    assert_close(dict(out=out, lse=lse2 * np.log(2), dq=dq, dk=dk, dv=dv), ref, base, dtype)
-
-
 # grouped heads on the dS path with dK/dV per query head (Policy.dkdv_per_query_head): K and V repeated, each group's
-# parts summed; with ALiBi and a window, by launches of heads (here of one query head), by key ranges
+# parts summed; with ALiBi and a window, by launches of heads (here of one query head), with dropout
 PER_QUERY_HEAD_CASES = {"gqa-causal": dict(sq=44, sk=44, h_kv=2), "mqa-alibi-window": dict(window=(9, 4), alibi=True),
-                        "by-heads": dict(h_kv=2, launches=4), "by-key-ranges": dict(sk=64, h_kv=2, launches=2),
-                        "dropout": dict(h_kv=2, dropout=0.2)}
+                        "by-heads": dict(h_kv=2, launches=4), "dropout": dict(h_kv=2, dropout=0.2)}
 
 
 @pytest.mark.matrix
@@ -288,10 +248,6 @@ def test_dkdv_per_query_head_in_the_interpreter(case):
     policy = TRITON.replace(**NEVER, dkdv_per_query_head=True, narrow_window=0)
     if case == "by-heads":
         policy = policy.replace(**_one_kv_head_per_launch(b, 1, c["sq"], c["sk"], 32, band))
-    if case == "by-key-ranges":
-        whole = plan.Call("interpret", b, c["sq"], c["sk"], h, h, d, "float16", band)
-        rows, cols = plan.ds_workspace(whole.keys_slice(0, c["sk"] // 2), 32)
-        policy = policy.replace(ds_key_ranges=True, ds_workspace_bytes=rows * cols * 2)
     q, k, v, dout, dlse = inputs((b, c["sq"], h, d), (b, c["sk"], c["h_kv"], d), dtype, seed=13)
     slopes = jnp.asarray([[0.3, 0.1, 0.05, 0.2]] * b, jnp.float32) if c["alibi"] else None
     p, rng = c["dropout"], jax.random.key(3)
