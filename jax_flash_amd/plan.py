@@ -52,8 +52,8 @@ class Policy:
     compute_units: int | None = None
     compiled_warps: bool | None = None
     linear_backward: bool = False  # the backward in one pass, dQ summed in float32 (plan_backward; slower, not default)
-    # a dense bias / mask through the Gluon forward and dK/dV (tiled grids, no softcap, 16-bit); not yet run on a GPU
-    gluon_dense: bool = False
+    # a dense bias / mask through the Gluon forward and dK/dV (tiled grids, no softcap, 16-bit); False: Triton's rows
+    gluon_dense: bool = True
     # grouped heads' dS path with dK/dV per query head (K and V repeated), the parts summed over each group: a
     # launch's programs number key blocks x query heads; None: where per_query_head's rule takes it
     dkdv_per_query_head: bool | None = None

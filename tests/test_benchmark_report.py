@@ -44,5 +44,5 @@ def test_variant_report_names_misses():
     assert "| 0.600 / - / - | 1.000 / 2.000 / 3.000 | 0.60 / - / - | - / - | <= 0.714x (fwd) | yes |" in md
     cases = variants.cases()
     assert len(cases) == 16
-    gluon = [c for c in cases if c["name"].endswith(", Gluon")]  # the dense cases again, planned through Gluon
-    assert len(gluon) == 4 and all(c["variant"]["policy"] == {"gluon_dense": True} for c in gluon)
+    pointer = [c for c in cases if c["name"].endswith(", pointer rows")]  # the dense cases again, on Triton's rows
+    assert len(pointer) == 4 and all(c["variant"]["policy"] == {"gluon_dense": False} for c in pointer)

@@ -249,7 +249,7 @@ def test_dense_calls_run_the_kernels_on_a_gpu_by_default():
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32), atol=3e-2)  # bf16 units
 
 
-# ----- the Gluon kernels (sm90) under plan.Policy(gluon_dense=True): not taken by default until run on a GPU -----
+# ----- the Gluon kernels (sm90): plan.Policy(gluon_dense=True), the default -----
 
 def _gluon_dense_policy():
     """Policy(gluon_dense=True), the Gluon rows from any length (the tests' short sequences)."""
@@ -302,8 +302,8 @@ def _gluon_case(name, dtype):
 
 @pytest.mark.parametrize("name", ["padding-causal", "bias-heads-causal-gqa", "bias-d64"])
 def test_gluon_dense_policy_plans_the_gluon_kernels(name):
-    """Under Policy(gluon_dense=True) a 16-bit dense call on sm90 takes the Gluon forward (its tiled grid) and dK/dV
-    (the dS path at D 128); the default, softcap and the linear backward keep the Triton rows."""
+    """Under Policy(gluon_dense=True) (the default) a 16-bit dense call on sm90 takes the Gluon forward (its tiled grid)
+    and dK/dV (the dS path at D 128); gluon_dense=False, softcap and the linear backward keep the Triton rows."""
     from jax_flash_amd import plan
 
     (q, k, v, _, _), kw, _ = _gluon_case(name, jnp.bfloat16)
@@ -317,7 +317,9 @@ def test_gluon_dense_policy_plans_the_gluon_kernels(name):
         assert jax_flash_amd.explain(q, k, v, target="sm90", softcap=5.0, **kw).forward.kernels == ("attn_fwd",)
     with plan.using(policy.replace(linear_backward=True)):
         assert "attn_bwd_dkdvdq_sm90" not in jax_flash_amd.explain(q, k, v, target="sm90", **kw).backward.kernels
-    assert jax_flash_amd.explain(q, k, v, target="sm90", **kw).forward.kernels == ("attn_fwd",)
+    with plan.using(policy.replace(gluon_dense=False)):
+        e = jax_flash_amd.explain(q, k, v, target="sm90", **kw)
+        assert e.forward.kernels == ("attn_fwd",) and "attn_bwd_dkdv_sm90" not in e.backward.kernels
 
 
 @pytest.mark.gpu

@@ -131,7 +131,7 @@ def test_equals_jax_nn(name, dtype, impl):
 
 
 @pytest.mark.parametrize("name, kernel", [
-    ("bias-heads-causal", "attn_fwd"), ("mask-padding", "attn_fwd"), ("lengths-both", "attn_fwd"),
+    ("bias-heads-causal", "attn_fwd"), ("mask-padding", "attn_fwd_sm90"), ("lengths-both", "attn_fwd"),
     ("window-pair-cross", "attn_fwd"), ("causal-more-keys", "attn_fwd"), ("plain", "attn_fwd_sm90")])
 def test_the_kernels_run(name, kernel):
     """Bias, mask, lengths and windows run the kernels: the plan, on sm90, of the attention call
