@@ -854,7 +854,7 @@ def plan_backward(call: Call) -> Plan:
             parts = _step("dkdvsum", "xla", None, (), "xla", {}, {}, f"dK, dV: each group's {call.group} query heads' "
                           "parts summed in float32, cast (XLA); K and V repeated per query head before", 2 * repeated)
             # the bias's gradient as the call's own (its kernel reads the K and V given, not the repeated ones)
-            steps = p.steps[:len(p.steps) - len(_dbias_steps(whole))]
+            steps = tuple(s for s in p.steps if s.role != "dbias")
             return dataclasses.replace(p, call=call, steps=(*steps, parts, *_dbias_steps(call)), per_query_head=True)
     row = dkdv_row(call)
     heads = ds_heads(call, row)
