@@ -78,8 +78,9 @@ def test_gluon_dkdv_per_query_head(name):
     c = {"split": None, **with_defaults(PER_QUERY_HEAD_CASES[name])}
     policy = Policy(dkdv_per_query_head=True, gluon_dkdv=_rows(configs.SM90_GLUON_DKDV, min_seq=0,
                                                                dropout=c["dropout"] > 0)).replace(narrow_window=0)
-    whole = plan.Call("sm90", c["b"], c["sq"], c["sk"], c["h"], c["h"], 128, band=Band.of(True, (-1, -1), 1024, 1024))
     if c["split"] == "heads":
+        whole = plan.Call("sm90", c["b"], c["sq"], c["sk"], c["h"], c["h"], 128, band=Band.of(True, (-1, -1), 1024,
+                                                                                               1024))
         rows, cols = plan.ds_workspace(whole.heads_slice(c["h"] // 2), 2 * plan.GLUON_ROWS)
         policy = policy.replace(ds_workspace_bytes=rows * cols * 2)
     launches = []

@@ -4,8 +4,6 @@ variants that take the path): some TMA / warp-specialised tiles of Triton 3.6 co
 may ship unchecked (GPU only). In Triton's interpreter (CPU): the TMA code path itself, at interpreter-sized
 tiles, against float64. Which calls take which rows: test_plan.py. The Gluon kernels that sm90 calls take in
 their place are off here (the policy TRITON; test_gluon_fwd.py, test_gluon_bwd.py)."""
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -264,7 +262,7 @@ def test_dkdv_per_query_head_in_the_interpreter(case):
                                 policy=policy)
     dq, dk, dv = _launch.backward(run, "interpret", q, k, v, out, lse2, dout, dlse, extras, statics=statics,
                                   rows=DS_INTERPRET_ROWS, policy=policy)
-    per_launch = h // c["launches"] if case == "by-heads" else h
+    per_launch = h // c["launches"]
     assert [x for x in launched if x[0] != "attn_fwd"] == [("attn_bwd_dkdv", per_launch),
                                                           ("attn_bwd_dq_ds", per_launch)] * c["launches"], launched
     drop = dict(dropout_p=p, keep=reference.dropout_keep(seeds, c["sq"], c["sk"], p)) if p else {}
