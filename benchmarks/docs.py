@@ -198,6 +198,13 @@ def _variants_section() -> list[str]:
         met = "-" if r.get("met") is None else "met" if r["met"] else "**missed**"
         body.append([r["case"], f"{r['B']} x {r['N']} x {r['H']}", times, ratios, target, met])
     out += _table(["case", "B x N x H", "variant fwd / bwd / f+b ms", "ratio fwd / bwd / f+b", "target", ""], body)
+    # the dense cases' default since (the Gluon kernels), timed on an H100 only
+    h100 = {r["case"]: r["ratios"]["fwdbwd_ms"] for r in _json("h100_80gb_hbm3_variants.json") if "ratios" in r}
+    pair = lambda name: " / ".join(_f(h100[f"{name} vs none, {m}"]) for m in ("full", "causal"))  # noqa: E731
+    out += ["", "The dense rows above are Triton's pointer rows, which dense calls took then. The default since, the "
+            "Gluon kernels with their tiles through shared buffers, on an H100 "
+            f"({_link('h100_80gb_hbm3_variants.md')}): a padding mask {pair('padding mask (B, 1, 1, S)')}, a bias "
+            f"{pair('bias (1, H, T, S)')} (f+b, full / causal; [tuning.md](tuning.md) has the table)."]
     return out + [""]
 
 

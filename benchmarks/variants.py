@@ -11,7 +11,8 @@ ratio has a target (the project's; docs/performance.md "Variants"):
 - fp8 (e4m3fn, inference) forward vs bf16 forward at N 4096 and 16384, D 128: >= 1.4x as fast, i.e. a
   time ratio <= 0.714;
 - a padding mask (B, 1, 1, S) and a bias (1, H, T, S) vs none at N 4096, D 128: forward+backward <= 1.25x (also
-  through Triton's pointer rows, plan.Policy(gluon_dense=False)).
+  through Triton's pointer rows, plan.Policy(gluon_dense=False), and with the Gluon kernels reading the tiles
+  element by element, plan.Policy(gluon_dense_tiles=False)).
 Times are medians (jax_flash_amd.timing) of the forward and of forward+backward; backward = their difference.
 """
 from __future__ import annotations
@@ -61,6 +62,11 @@ def cases(n_seg: int = 4096) -> list[dict]:
         # the same through Triton's pointer rows (plan.Policy(gluon_dense=False)), as before the Gluon kernels took them
         *(_case(f"{name} vs none, {mask}, pointer rows", "fwdbwd_ms", 1.25, 4, 4096, 16, 16, mask == "causal",
                 {**dense, "policy": {"gluon_dense": False}}, {})
+          for name, dense in (("padding mask (B, 1, 1, S)", PADDING), ("bias (1, H, T, S)", BIAS))
+          for mask in ("full", "causal")),
+        # the Gluon kernels reading the tiles element by element (plan.Policy(gluon_dense_tiles=False)), as before
+        *(_case(f"{name} vs none, {mask}, element reads", "fwdbwd_ms", 1.25, 4, 4096, 16, 16, mask == "causal",
+                {**dense, "policy": {"gluon_dense_tiles": False}}, {})
           for name, dense in (("padding mask (B, 1, 1, S)", PADDING), ("bias (1, H, T, S)", BIAS))
           for mask in ("full", "causal")),
     ]

@@ -54,6 +54,9 @@ class Policy:
     linear_backward: bool = False  # the backward in one pass, dQ summed in float32 (plan_backward; slower, not default)
     # a dense bias / mask through the Gluon forward and dK/dV (tiled grids, no softcap, 16-bit); False: Triton's rows
     gluon_dense: bool = True
+    # their tiles of a dense bias / mask read in 16-byte vectors, through shared buffers copied a block ahead
+    # (fwd_sm90.dense_reads); False: each element in the product's layout
+    gluon_dense_tiles: bool = True
     # grouped heads' dS path with dK/dV per query head (K and V repeated), the parts summed over each group: a
     # launch's programs number key blocks x query heads; None: where per_query_head's rule takes it
     dkdv_per_query_head: bool | None = None
@@ -426,6 +429,11 @@ def _common(call: Call) -> dict:
                 DROP_THRESHOLD=rules.dropout_threshold(call.dropout_p))
 
 
+def _dense_tiles(call: Call) -> dict:
+    """The Gluon kernels' DENSE_TILES where the call has a dense operand and the policy asks for it."""
+    return {"DENSE_TILES": True} if call.dense and call.policy.gluon_dense_tiles else {}
+
+
 def p8_log2(call: Call) -> int:
     """fp8 inputs: log2 of the factor P is scaled by before its rounding to fp8 (jax_flash_amd/fp8.py)."""
     return {"float8_e4m3fn": 8, "float8_e4m3fnuz": 7}.get(call.dtype, 0)
@@ -618,7 +626,7 @@ def plan_forward(call: Call) -> Plan:
         flags.update(BLOCK_N=gluon.block_n, STAGES=gluon.stages, CONSUMER_REGS=gluon.consumer_regs,
                      KEYS_EVEN=call.seq_k % gluon.block_n == 0,
                      PINGPONG=gluon.pingpong and not call.band.sides,  # causal calls measured slower with it
-                     P8_LOG2=p8_log2(call))
+                     P8_LOG2=p8_log2(call), **_dense_tiles(call))
         if gluon.carry:
             flags["CARRY"] = int(gluon.carry)
         grid = (_cdiv(call.seq_q, 2 * GLUON_ROWS), call.batch * call.heads)
@@ -774,7 +782,8 @@ def _dkdv_step(call: Call, row, ds: bool) -> list[Step]:
         # SPANS for narrow windows only: their groups skip ~1 of 18 steps, a causal call's only the diagonal's
         flags.update(BLOCK_M=row.block_m, STAGES=row.stages, CONSUMER_REGS=row.consumer_regs,
                      SPANS=row.spans and call.narrow, DS=ds,
-                     EVEN=call.seq_q % row.block_m == 0 and call.seq_k % (2 * GLUON_ROWS) == 0, **ds_band)
+                     EVEN=call.seq_q % row.block_m == 0 and call.seq_k % (2 * GLUON_ROWS) == 0, **ds_band,
+                     **_dense_tiles(call))
         grid = (_cdiv(call.seq_k, 2 * GLUON_ROWS), call.batch * call.kv_heads)
         if programs:
             grid, flags["N_ROWS"] = (programs, 1), call.batch * call.kv_heads

@@ -28,7 +28,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .bwd import _pass_turn, _wait_turn, ds_col, ds_shape, kept_scaled
 from .configs import TILED_GROUP_PROGRAMS
 from .dropout import dropped_ds, keep_at
-from .fwd_sm90 import ROWS, block_scores, head_scalars, tiles, tma_load, tma_store
+from .fwd_sm90 import (BUFFERED, ROWS, block_scores, dense_block, dense_buffer, dense_copy, dense_reads, head_scalars,
+                       tiles, tma_load, tma_store)
 from .masking import dense_planes, persistent_rounds, persistent_tile, query_blocks, tile_order
 
 
@@ -118,8 +119,8 @@ def _probs(st, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, sof
            BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, bias=0, mask=0,
            BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
     """(P, dlogit) of a score tile st (S^T in dK/dV, S in dQ; q_idx / k_idx and lse broadcast to its shape, lse as
-    bwd._seen gives it): bwd._dkdv_tile's and _dq_inner's, masked where `masked` (MAY_MASK) and by a dense bias /
-    mask's planes (block_scores')."""
+    bwd._seen gives it): bwd._dkdv_tile's and _dq_inner's, masked where `masked` (MAY_MASK) and by a dense bias's /
+    mask's tiles (block_scores')."""
     s, scale2, dlogit = block_scores(st, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
                                      BANDED, MAY_MASK, SOFTCAP, ALIBI, bias, mask, BIAS, MASK)
     return gl.exp2(s * scale2 - lse), dlogit
@@ -202,7 +203,7 @@ def _step(k, v, q, do, lse_smem, delta_smem, s, ds_smem, ds_desc, do_ready, phas
           hi_off, sm_scale, softcap, HALF: gl.constexpr, H: gl.constexpr, GROUP: gl.constexpr, BANDED: gl.constexpr,
           MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr,
           DS: gl.constexpr, DS_BAND: gl.constexpr, dq_args=(), DQ: gl.constexpr = 0, Bias=0, Mask=0,
-          BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
+          BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0, bias_buf=0, mask_buf=0):
     """One query step of _consume_tile (q's tile already in; the ring's stage s): S^T and dP^T issued together, P^T
     while dP^T runs, dV += P^T dO issued and dS^T beside it, dK += dS^T q; (dk, dv) once both products are done.
     slope, seed: the query head's (GROUP 1), else loaded here for head h. (The stage's buffers are indexed here, not
@@ -211,6 +212,9 @@ def _step(k, v, q, do, lse_smem, delta_smem, s, ds_smem, ds_desc, do_ready, phas
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
     dtype: gl.constexpr = k.dtype
+    if (BIAS | MASK) & BUFFERED:  # the step's query head's planes, their tiles' copies started before the products
+        bias, mask = dense_planes(Bias, Mask, b, h, seq_q, seq_k, H, BIAS, MASK)
+        dense_copy(bias, mask, bias_buf, mask_buf, start_m, start_n + HALF * ROWS, seq_q, seq_k, BIAS, MASK)
     st = warpgroup_mma(k, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
     mbarrier.wait(do_ready.index(s), phase)
     dpt = warpgroup_mma(v, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
@@ -220,7 +224,10 @@ def _step(k, v, q, do, lse_smem, delta_smem, s, ds_smem, ds_desc, do_ready, phas
     lse = lse_smem.index(s).load(col_layout)
     lse = gl.where(lse == float("-inf"), float("inf"), lse)  # bwd._seen: rows that see no key get P = 0
     q_idx = gl.expand_dims(start_m + m_range, 0)
-    bias, mask = dense_planes(Bias, Mask, b, h, seq_q, seq_k, H, BIAS, MASK)  # the step's query head's
+    if not (BIAS | MASK) & BUFFERED:
+        bias, mask = dense_planes(Bias, Mask, b, h, seq_q, seq_k, H, BIAS, MASK)  # the step's query head's
+    bias, mask = dense_block(bias, mask, bias_buf, mask_buf, start_m, start_n + HALF * ROWS, seq_q, seq_k, s_layout,
+                             zeros.shape[1], ROWS, BIAS, MASK, True)
     p, dlogit = _probs(st, q_idx, k_idx, (start_m < full_begin) | (start_m >= full_end), seq_q, seq_k, lo_off,
                        hi_off, sm_scale, softcap, slope, gl.expand_dims(lse, 0), BANDED, MAY_MASK, SOFTCAP, ALIBI, bias,
                        mask, BIAS, MASK)
@@ -268,7 +275,7 @@ def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc,
                   BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr,
                   SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, DS: gl.constexpr,
                   DS_BAND: gl.constexpr, SPANS: gl.constexpr, dq_args=(), DQ: gl.constexpr = 0, Bias=0, Mask=0,
-                  BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
+                  BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0, bias_buf=0, mask_buf=0):
     """Keys [start_n + HALF * ROWS, + ROWS) (k, v: their buffers, on kv_bar at parity kv_phase; dK's and dV's rows
     from kv_row, columns from kv_col: passed, not computed here, the tiled loop is 6 instructions shorter, sm90 SASS):
     dK and dV over the tile's query steps (from the ring's position `ring`), masked outside [full_begin, full_end).
@@ -280,13 +287,17 @@ def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc,
     window 616 / 722 -> 578 / 584, but causal 497 / 532 -> 494 / 655 (plan.py _dkdv_step: narrow windows only).
     DQ (dq_args = (dS^T buffers, their barriers, both groups' K buffers, DQAcc, Locks, rank)): each step's dQ half
     also, from both groups' dS^T (_dq_half, _add_dq); no SPANS; dK and dV leave through V's buffer, since the other
-    group reads this group's K for its dQ until its last step. Bias, Mask (BIAS, MASK): a dense bias and mask
-    (_step)."""
+    group reads this group's K for its dQ until its last step. Bias, Mask (BIAS, MASK): a dense bias and mask, and
+    both groups' buffers of their tiles (fwd_sm90.dense_buffer, BUFFERED; _step)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
     dtype: gl.constexpr = k.dtype
+    if BIAS & BUFFERED:  # the group's own
+        bias_buf = bias_buf.index(HALF)
+    if MASK & BUFFERED:
+        mask_buf = mask_buf.index(HALF)
     k_idx = gl.expand_dims(start_n + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout)), 1)
     m_range = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
     zeros = gl.zeros([ROWS, BLOCK_M], gl.float32, s_layout)
@@ -322,7 +333,8 @@ def _consume_tile(k, v, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dk_desc,
             dk, dv = _step(k, v, q, do, lse_smem, delta_smem, s, ds_smem, ds_desc, do_ready, phase, dk, dv, zeros,
                            k_idx, m_range, Slopes, Seeds, slope, seed, b, h, start_m, start_n, full_begin, full_end,
                            ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, HALF, H, GROUP, BANDED, MAY_MASK,
-                           SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND, step_args, DQ, Bias, Mask, BIAS, MASK)
+                           SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND, step_args, DQ, Bias, Mask, BIAS, MASK,
+                           bias_buf, mask_buf)
         mbarrier.arrive(empty.index(s))
     if DQ == 2:
         _pass_turns(dq_args[5], b, kv_h, dq_args[6], begin + n_iters // GROUP * BLOCK_M,
@@ -378,11 +390,13 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, DQAcc, Locks, sm_sca
                   ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, EVEN: gl.constexpr, DS: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr, DS_BAND: gl.constexpr, GROUP_PROGRAMS: gl.constexpr,
                   N_ROWS: gl.constexpr, SPANS: gl.constexpr, DQ: gl.constexpr, Bias=0, Mask=0, BIAS: gl.constexpr = 0,
-                  MASK: gl.constexpr = 0):
+                  MASK: gl.constexpr = 0, DENSE_TILES: gl.constexpr = False):
     """attn_bwd_dkdv_sm90 and attn_bwd_dkdvdq_sm90 (DQ), which see."""
     gl.static_assert(not (BIAS or MASK) or (N_ROWS == 0 and DQ == 0), "a dense bias or mask: tiled, no dQ")
     gl.static_assert(N_ROWS == 0 or EVEN, "a persistent grid takes whole blocks")
     gl.static_assert(DQ != 2 or N_ROWS == 0, "the ordered dQ sum takes the tiled grid's order")
+    if DENSE_TILES and EVEN and (BIAS or MASK):  # whole key blocks: a dense tile's rows start 16-byte aligned
+        seq_k = seq_k // 16 * 16  # equal, and known so (multiple_of on an argument does not reach the partitions)
     BLOCK_N: gl.constexpr = 2 * ROWS
     GROUP: gl.constexpr = H // KV_H
     KV_BUF: gl.constexpr = 2 if N_ROWS > 0 else 1  # tiles' K / V buffer pairs
@@ -469,6 +483,10 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, DQAcc, Locks, sm_sca
         b, kv_h, begin, full_begin, full_end, n_iters = _key_span(start_n, bh, seq_q, seq_k, lo_off, hi_off, KV_H,
                                                                   GROUP, BLOCK_M, BANDED)
         MAY_MASK: gl.constexpr = BANDED or not EVEN
+        BIAS_B: gl.constexpr = dense_reads(BIAS, EVEN, DENSE_TILES)
+        MASK_B: gl.constexpr = dense_reads(MASK, EVEN, DENSE_TILES)
+        bias_buf = dense_buffer(Bias, BLOCK_M, ROWS, BIAS_B)
+        mask_buf = dense_buffer(Mask, BLOCK_M, ROWS, MASK_B)
         kv_row = b * seq_k + start_n
         kv_col = kv_h * HEAD_DIM
         dq_args = (ds_smem, dq_bar, k_smem.index(0), k_smem.index(1), DQAcc, Locks, rank)
@@ -478,13 +496,13 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, DQAcc, Locks, sm_sca
                              do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin, full_end, n_iters, 0,
                              ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 0, H, GROUP,
                              HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, DS, DS_BAND,
-                             SPANS, dq_args, DQ, Bias, Mask, BIAS, MASK)),
+                             SPANS, dq_args, DQ, Bias, Mask, BIAS_B, MASK_B, bias_buf, mask_buf)),
             (_consume_tile, (k_smem.index(1), v_smem.index(1), q_smem, do_smem, lse_smem, delta_smem,
                              ds_smem.index(1 if DS else 0), dk_desc, dv_desc, ds_desc, Slopes, Seeds, kv_bar.index(0),
                              0, q_ready, do_ready, empty, b, kv_h, kv_row, kv_col, start_n, begin, full_begin, full_end,
                              n_iters, 0, ds_rows, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, keep_scale, 1, H,
                              GROUP, HEAD_DIM, BLOCK_M, STAGES, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, DS,
-                             DS_BAND, SPANS, dq_args, DQ, Bias, Mask, BIAS, MASK)),
+                             DS_BAND, SPANS, dq_args, DQ, Bias, Mask, BIAS_B, MASK_B, bias_buf, mask_buf)),
             (_load_tile, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem, do_smem,
                           lse_smem, delta_smem, 0, kv_bar.index(0), q_ready, do_ready, empty, b, kv_h, start_n, begin,
                           n_iters, 0, seq_q, seq_k, lse_len, H, GROUP, HEAD_DIM, BLOCK_M, STAGES)),
@@ -505,8 +523,9 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, Bias, Mask, sm_
                        DS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                        DS_BAND: gl.constexpr = False, GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS,
                        N_ROWS: gl.constexpr = 0, SPANS: gl.constexpr = False, BIAS: gl.constexpr = 0,
-                       MASK: gl.constexpr = 0):
-    """bwd.attn_bwd_dkdv's arguments of the same names (Bias, Mask: the tiled grid only); grid (cdiv(seq_k, 128),
+                       MASK: gl.constexpr = 0, DENSE_TILES: gl.constexpr = False):
+    """bwd.attn_bwd_dkdv's arguments of the same names (Bias, Mask: the tiled grid only, their tiles read as
+    DENSE_TILES says: fwd_sm90.dense_reads); grid (cdiv(seq_k, 128),
     batch * KV_H). Lse and Delta are (batch, H, lse_len), lse_len a multiple of 4: a TMA tile must start 16-byte
     aligned (one that did not stopped the H200 with an illegal instruction), so the caller pads them where seq_q is
     not. EVEN: seq_q a multiple of BLOCK_M and seq_k of 128 (else the ragged blocks are masked). dS: the workspace
@@ -520,7 +539,7 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, Bias, Mask, sm_
     _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, 0, 0, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
                   hi_off, lse_len, dK, dV, dS, H, KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED, SOFTCAP, ALIBI,
                   DROP_THRESHOLD, EVEN, DS, CONSUMER_REGS, DS_BAND, GROUP_PROGRAMS, N_ROWS, SPANS, 0, Bias, Mask, BIAS,
-                  MASK)
+                  MASK, DENSE_TILES)
 
 
 @gluon.jit

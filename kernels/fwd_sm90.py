@@ -28,20 +28,24 @@ fp8 with each tile's descales (configs.SM90_GLUON_FWD_FP8). CARRY: two tiles' Q 
 group issues the next tile's first q.k before its tile's last P.V, so its change of tile leaves no gap on the tensor
 cores (H200, D 64 4 x 4096 x 32 1.333 -> 1.305 ms, causal 0.707 -> 0.673). PINGPONG without CARRY: the groups' turns
 run on across tiles."""
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
 from .configs import TILED_GROUP_PROGRAMS
 from .dropout import keep_at, load_seed
 from .fwd import keys_padded
-from .masking import dense_planes, key_blocks, persistent_rounds, persistent_tile, tile_order
+from .masking import (dense_planes, dense_pointers, dense_tile, key_blocks, persistent_rounds, persistent_tile,
+                      tile_order)
 from .scores import dense_added, scores
 
 # Gluon is experimental: triton 3.9 renamed the TMA copies (3.6's names raise there); the kernel compiles with both
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+copy_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 ROWS = gl.constexpr(64)  # queries per consumer warp group: wgmma's M for one warp group
 
@@ -152,16 +156,141 @@ def _loads(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_rea
               BLOCK_N, STAGES, vt_row, V_T)
 
 
+@gluon.constexpr_function
+def _coalesced(rows, cols, bits):
+    """A blocked layout of a [rows, cols] tile of `bits`-bit elements, contiguous along cols, for one warp group:
+    16-byte vectors along cols."""
+    vec = min(128 // bits, cols)
+    lanes = min(32, cols // vec)
+    return gl.BlockedLayout([1, vec], [32 // lanes, lanes], [4, 1], [1, 0])
+
+
+# a dense operand's layout bits (beside operands.dense_layout's) in the Gluon kernels (dense_block): its tiles
+# read in 16-byte vectors (or as a vector along one axis) and converted to the product's layout, not element by
+# element in it (VECTORS); through a shared buffer per consumer group, copied ahead (BUFFERED: dense_copy)
+VECTORS = gl.constexpr(64)
+BUFFERED = gl.constexpr(32)
+
+
+@gluon.constexpr_function
+def dense_reads(layout, aligned, tiles):
+    """A dense operand's layout with its read's bits: with `tiles` (the launch's DENSE_TILES) VECTORS, and BUFFERED
+    where it varies along queries and keys and the planes' rows are 16-byte aligned (`aligned`: whole key blocks)."""
+    if not tiles or not layout:
+        return layout
+    return layout | 64 | (32 if (layout & 6) == 6 and aligned else 0)
+
+
+@gluon.jit
+def dense_buffer(Dense, Q_N: gl.constexpr, K_N: gl.constexpr, LAYOUT: gl.constexpr):
+    """The two consumer groups' shared [Q_N, K_N] buffers of a BUFFERED dense operand's tiles (0 if not BUFFERED),
+    swizzled: read in a product's layout without bank conflicts."""
+    buf = 0
+    if LAYOUT & BUFFERED:
+        bits: gl.constexpr = Dense.dtype.element_ty.primitive_bitwidth
+        buf = gl.allocate_shared_memory(Dense.dtype.element_ty, [2, Q_N, K_N],
+                                        gl.SwizzledSharedLayout(128 // bits, 1, 8, [1, 0]))
+    return buf
+
+
+@gluon.jit
+def _copy(buf, plane, q0, k0, seq_q, seq_k):
+    """Starts the copy of a plane's tile (queries from q0, keys from k0: masking.dense_pointers; zeros past the
+    sequences) into buf, in 16-byte pieces."""
+    lay: gl.constexpr = _coalesced(buf.shape[0], buf.shape[1], buf.dtype.primitive_bitwidth)
+    q_idx = gl.expand_dims(q0 + gl.arange(0, buf.shape[0], layout=gl.SliceLayout(1, lay)), 1)
+    k_idx = gl.expand_dims(k0 // 16 * 16 + gl.arange(0, buf.shape[1], layout=gl.SliceLayout(0, lay)), 0)
+    ptrs, inside = dense_pointers(plane, q_idx, k_idx, seq_q, seq_k)
+    copy_load(buf, ptrs, inside)
+
+
+@gluon.jit
+def dense_copy(bias, mask, bias_buf, mask_buf, q0, k0, seq_q, seq_k, BIAS: gl.constexpr, MASK: gl.constexpr,
+               go=True):
+    """Starts (if go) the copies of a BUFFERED dense bias's and mask's tiles over queries from q0 and keys from k0 (k0
+    a multiple of 16: key blocks start at multiples of the block, masking.key_blocks, query_blocks) into a group's
+    buffers (dense_buffer's); nothing for the others. dense_block reads them."""
+    if (BIAS | MASK) & BUFFERED:
+        if go:
+            if BIAS & BUFFERED:
+                _copy(bias_buf, bias, q0, k0, seq_q, seq_k)
+            if MASK & BUFFERED:
+                _copy(mask_buf, mask, q0, k0, seq_q, seq_k)
+            async_copy.commit_group()
+
+
+@gluon.jit
+def _read(buf, layout: gl.constexpr, T: gl.constexpr):
+    """The tile dense_copy brought into buf, in `layout` (S^T's: T)."""
+    if T:
+        return buf.permute((1, 0)).load(layout)
+    else:
+        return buf.load(layout)
+
+
+@gluon.jit
+def _dense_values(plane, q0, k0, seq_q, seq_k, other, layout: gl.constexpr, Q_N: gl.constexpr, K_N: gl.constexpr,
+                  LAYOUT: gl.constexpr, T: gl.constexpr):
+    """dense_block's tile of a VECTORS operand without a buffer (masking.dense_tile's values, `other` past the
+    sequences), broadcast along the axes it does not vary on."""
+    if LAYOUT & 2 and LAYOUT & 4:
+        lay: gl.constexpr = _coalesced(Q_N, K_N, plane.dtype.element_ty.primitive_bitwidth)
+        q_idx = gl.expand_dims(q0 + gl.arange(0, Q_N, layout=gl.SliceLayout(1, lay)), 1)
+        k_idx = gl.expand_dims(k0 + gl.arange(0, K_N, layout=gl.SliceLayout(0, lay)), 0)
+        t = dense_tile(plane, q_idx, k_idx, seq_q, seq_k, other, LAYOUT)
+        if T:
+            t = gl.permute(t, (1, 0))
+        return gl.convert_layout(t, layout)
+    elif LAYOUT & 4:  # keys only: S's dim 1, S^T's dim 0
+        k_idx = k0 + gl.arange(0, K_N, layout=gl.BlockedLayout([1], [32], [4], [0]))
+        t = dense_tile(plane, 0, k_idx, seq_q, seq_k, other, LAYOUT)
+        return gl.expand_dims(gl.convert_layout(t, gl.SliceLayout(1 if T else 0, layout)), 1 if T else 0)
+    elif LAYOUT & 2:  # queries only
+        q_idx = q0 + gl.arange(0, Q_N, layout=gl.BlockedLayout([1], [32], [4], [0]))
+        t = dense_tile(plane, q_idx, 0, seq_q, seq_k, other, LAYOUT)
+        return gl.expand_dims(gl.convert_layout(t, gl.SliceLayout(0 if T else 1, layout)), 0 if T else 1)
+    else:
+        return dense_tile(plane, 0, 0, seq_q, seq_k, other, LAYOUT)
+
+
+@gluon.jit
+def dense_block(bias, mask, bias_buf, mask_buf, q0, k0, seq_q, seq_k, layout: gl.constexpr, Q_N: gl.constexpr,
+                K_N: gl.constexpr, BIAS: gl.constexpr, MASK: gl.constexpr, T: gl.constexpr = False):
+    """(bias, mask): the tiles of a dense bias's and mask's planes (masking.dense_planes; 0 where absent) over
+    queries [q0, + Q_N) and keys [k0, + K_N), in `layout`, a consumer group's product's: S [Q_N, K_N], or S^T
+    (T), read as their layouts' bits say (dense_reads): BUFFERED from the buffers dense_copy filled (waited for
+    here, and released to the next copy); VECTORS in 16-byte vectors and converted. Others are returned as planes,
+    read by block_scores in the product's layout, where each bias element is a 2-byte load of its own (sm90 SASS:
+    64 a thread per tile of the forward)."""
+    if (BIAS | MASK) & BUFFERED:
+        async_copy.wait_group(0)
+        tl.debug_barrier()  # every thread's pieces have landed
+    bias_t = bias
+    if BIAS & BUFFERED:
+        bias_t = _read(bias_buf, layout, T)
+    elif BIAS & VECTORS:
+        bias_t = _dense_values(bias, q0, k0, seq_q, seq_k, 0.0, layout, Q_N, K_N, BIAS, T)
+    mask_t = mask
+    if MASK & BUFFERED:
+        mask_t = _read(mask_buf, layout, T)
+    elif MASK & VECTORS:
+        mask_t = _dense_values(mask, q0, k0, seq_q, seq_k, 0, layout, Q_N, K_N, MASK, T)
+    if (BIAS | MASK) & BUFFERED:
+        tl.debug_barrier()  # every thread has read the buffers: the next copy may start
+    return bias_t, mask_t
+
+
 @gluon.jit
 def block_scores(qk, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope,
                  BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, bias=0,
                  mask=0, BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
     """scores.scores of one block's product (S or S^T: q_idx / k_idx broadcast to its shape), masked where `masked`
     (a run-time branch, MAY_MASK: Gluon has no warp-specialisation pass to refuse it): (s, scale2, dlogit). bias,
-    mask: the planes of a dense bias and mask (masking.dense_planes; BIAS, MASK their layouts, 0: none; not with
-    SOFTCAP), added to the product's tile (scores.dense_added)."""
+    mask: what dense_block returns for a dense bias and mask (BIAS, MASK their layouts, 0: none; not with SOFTCAP):
+    tiles, or planes read here (without VECTORS), added to the product's tile (scores.dense_added)."""
     gl.static_assert(not (SOFTCAP and (BIAS or MASK)), "a dense bias or mask with softcap takes the Triton rows")
-    qk = dense_added(qk, bias, mask, q_idx, k_idx, seq_q, seq_k, sm_scale, BIAS, MASK, SOFTCAP)
+    qk = dense_added(qk, bias, mask, q_idx, k_idx, seq_q, seq_k, sm_scale, BIAS, MASK, SOFTCAP,
+                     ((BIAS | MASK) & VECTORS) != 0)
     diag = seq_k - seq_q
     if MAY_MASK:
         if masked:
@@ -186,7 +315,8 @@ def _online(qk, m, l, q_idx, k_offsets, start_n, masked, seq_q, seq_k, lo_off, h
     """One key block's online-softmax step (fwd._fwd_block's) over keys start_n + k_offsets: (p, m, l, alpha);
     dropout zeroes p after the row sum (the caller scales the output by keep_scale), its hash's key columns drawn
     from the block's start (dropout.keep_at's k_start: the hash adds nothing per column; the mask's k_offsets +
-    start_n is needed only where the block is masked); fp8: p and l carry 2 ** P8_LOG2. bias, mask: block_scores'."""
+    start_n is needed only where the block is masked); fp8: p and l carry 2 ** P8_LOG2. bias, mask: block_scores'
+    tiles."""
     s, scale2, _ = block_scores(qk, q_idx, k_offsets + start_n, masked, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
                                 slope, BANDED, MAY_MASK, SOFTCAP, ALIBI, bias, mask, BIAS, MASK)
     m_new = gl.maximum(m, gl.max(s, axis=1) * scale2)
@@ -249,12 +379,15 @@ def _first(q, k_smem, k_ready, k_empty, turn, ring, qk, q_idx, k_idx, start, ful
            lo_off, hi_off, sm_scale, softcap, slope, seed, s_layout: gl.constexpr, HALF: gl.constexpr,
            BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
            DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr, lap=0, bias=0, mask=0,
-           BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
+           BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0, q0=0, bias_buf=0, mask_buf=0, n_blocks=1):
     """A tile's block 0 (its keys from `start`, the rings' block `ring`): q.k alone (into qk's registers, not added
     to), then its softmax from m = -inf, l = 0: (p, m, l, qk). PINGPONG's turns: ring + lap + j at a tile's block j
     (each tile takes n_blocks + 1; a persistent program's tile r starts at its ring position + r: lap = r, or r & 1,
-    as only the parity counts)."""
+    as only the parity counts). bias, mask: a dense bias's and mask's planes, the group's queries from q0, and their
+    buffers (dense_buffers; the next block's tiles are copied while this block's softmax runs, if n_blocks > 1)."""
     STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    dense_copy(bias, mask, bias_buf, mask_buf, q0, start, seq_q, seq_k, BIAS, MASK)
     m = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
     mbarrier.wait(k_ready.index(ring % STAGES), (ring // STAGES) & 1)
@@ -263,9 +396,12 @@ def _first(q, k_smem, k_ready, k_empty, turn, ring, qk, q_idx, k_idx, start, ful
     _their_turn(turn, HALF, PINGPONG)
     qk = warpgroup_mma_wait(0, deps=(qk,))
     mbarrier.arrive(k_empty.index(ring % STAGES))
+    bias_t, mask_t = dense_block(bias, mask, bias_buf, mask_buf, q0, start, seq_q, seq_k, s_layout, ROWS, BLOCK_N, BIAS,
+                                 MASK)
+    dense_copy(bias, mask, bias_buf, mask_buf, q0, start + BLOCK_N, seq_q, seq_k, BIAS, MASK, n_blocks > 1)
     p, m, l, _ = _online(qk, m, l, q_idx, k_idx, start, (start < full_start) | (start >= full_end), seq_q, seq_k,
                          lo_off, hi_off, sm_scale, softcap, slope, seed, BANDED, MAY_MASK, SOFTCAP, ALIBI,
-                         DROP_THRESHOLD, P8_LOG2, bias, mask, BIAS, MASK)
+                         DROP_THRESHOLD, P8_LOG2, bias_t, mask_t, BIAS, MASK)
     return p, m, l, qk
 
 
@@ -275,10 +411,10 @@ def _blocks(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ring, n
             s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr, HALF: gl.constexpr,
             BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
             DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr, lap=0, bias=0, mask=0,
-            BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
+            BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0, q0=0, bias_buf=0, mask_buf=0):
     """A tile's blocks 1 .. n_blocks - 1 after _first: each block's q.k, then the block before's P.V; wait(1) returns
     once q.k is done (ptxas waits for P.V before the softmax: the module's docstring). (p, m, l, acc, qk): the last
-    block's P.V not yet added."""
+    block's P.V not yet added. bias, mask, q0, bias_buf, mask_buf: _first's."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     for i in range(1, n_blocks):
@@ -293,9 +429,12 @@ def _blocks(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ring, n
         _their_turn(turn, HALF, PINGPONG)
         qk = warpgroup_mma_wait(1, deps=(qk,))
         mbarrier.arrive(k_empty.index(cur))
+        bias_t, mask_t = dense_block(bias, mask, bias_buf, mask_buf, q0, start_n, seq_q, seq_k, s_layout, ROWS, BLOCK_N,
+                                     BIAS, MASK)
+        dense_copy(bias, mask, bias_buf, mask_buf, q0, start_n + BLOCK_N, seq_q, seq_k, BIAS, MASK, i + 1 < n_blocks)
         p, m, l, alpha = _online(qk, m, l, q_idx, k_idx, start_n, (start_n < full_start) | (start_n >= full_end),
                                  seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, BANDED, MAY_MASK,
-                                 SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, bias, mask, BIAS, MASK)
+                                 SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, bias_t, mask_t, BIAS, MASK)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_empty.index(prev))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -355,15 +494,20 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, 
              STAGES: gl.constexpr, BANDED: gl.constexpr, MAY_MASK: gl.constexpr, SOFTCAP: gl.constexpr,
              ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, P8_LOG2: gl.constexpr, PINGPONG: gl.constexpr,
              ring=0, q_phase=0, q_empty=None, PERSISTENT: gl.constexpr = False, bias=0, mask=0,
-             BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
+             BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0, bias_buf=0, mask_buf=0):
     """A consumer group's tile: queries [start_m + HALF * ROWS, + ROWS), the key blocks from `start`, masked outside
-    [full_start, full_end), and by a dense bias / mask's planes (block_scores'). o_smem: the output's staging
+    [full_start, full_end), and by a dense bias / mask's planes (bias, mask; their buffers bias_buf, mask_buf:
+    _first's). o_smem: the output's staging
     buffers (q_smem's for 16-bit inputs). PERSISTENT (_consume_tiles without CARRY): the rings from position `ring`,
     Q's phase q_phase (the tile's round r & 1, also PINGPONG's lap: only its parity counts), Q released to q_empty
     after the last q.k, the output's store left in flight."""
     s_layout: gl.constexpr = _layout("s", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
     o_layout: gl.constexpr = _layout("o", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
     p_layout: gl.constexpr = _layout("p", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
+    if BIAS & BUFFERED:  # the group's own
+        bias_buf = bias_buf.index(HALF)
+    if MASK & BUFFERED:
+        mask_buf = mask_buf.index(HALF)
     q = q_smem.index(HALF)
     rows = _group_rows(start_m, HALF, s_layout)
     q_idx = gl.expand_dims(rows, 1)
@@ -372,12 +516,14 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, 
     p, m, l, qk = _first(q, k_smem, k_ready, k_empty, turn, ring, gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
                          q_idx, k_idx, start, full_start, full_end, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap,
                          slope, seed, s_layout, HALF, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2,
-                         PINGPONG, q_phase, bias, mask, BIAS, MASK)
+                         PINGPONG, q_phase, bias, mask, BIAS, MASK, start_m + HALF * ROWS, bias_buf, mask_buf,
+                         n_blocks)
     p, m, l, acc, qk = _blocks(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, ring, n_blocks, p, m, l,
                                gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout), qk, q_idx, k_idx, start, full_start,
                                full_end, seq_q, seq_k, lo_off, hi_off, sm_scale, softcap, slope, seed, s_layout,
                                o_layout, p_layout, HALF, BANDED, MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2,
-                               PINGPONG, q_phase, bias, mask, BIAS, MASK)
+                               PINGPONG, q_phase, bias, mask, BIAS, MASK, start_m + HALF * ROWS, bias_buf,
+                               mask_buf)
     if PERSISTENT:  # every q.k of the tile is done: Q's buffer to the next tile
         mbarrier.arrive(q_empty)
     _close(p, acc, m, l, v_smem, v_ready, v_empty, turn, ring + n_blocks - 1, o_smem.index(HALF), o_desc, Lse,
@@ -541,14 +687,15 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, Bias, Ma
                   ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, KEYS_EVEN: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr, P8_LOG2: gl.constexpr = 0, PINGPONG: gl.constexpr = False,
                   GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS, N_ROWS: gl.constexpr = 0,
-                  CARRY: gl.constexpr = 0, BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0):
+                  CARRY: gl.constexpr = 0, BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0,
+                  DENSE_TILES: gl.constexpr = False):
     """fwd.attn_fwd's arguments of the same names (fp8: V is fwd.keys_last's); grid (cdiv(seq_q, 128), batch * H).
     KEYS_EVEN: seq_k is a multiple of BLOCK_N (else the last key block is masked). CONSUMER_REGS: registers per thread
     of the second consumer group (a worker partition; the first is the default partition, which gets what the workers
     leave). N_ROWS > 0: persistent, grid (programs,), over the tiles of N_ROWS = batch * H rows (query and key
     lengths multiples of 2 * ROWS and BLOCK_N: one descriptor per tensor serves every tile), CARRY (0 / 1) and
     PINGPONG (not both) as _consume_tiles'. Bias, Mask (BIAS, MASK): a dense bias and mask, the tiled grid only
-    (block_scores)."""
+    (block_scores), their tiles read as DENSE_TILES says (dense_reads)."""
     gl.static_assert(N_ROWS == 0 or not (BIAS or MASK), "a dense bias or mask takes the tiled grid")
     if N_ROWS > 0:
         _persistent(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softcap, keep_scale, seq_q, seq_k,
@@ -557,7 +704,7 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, Bias, Ma
     else:
         _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softcap, keep_scale, seq_q, seq_k,
                lo_off, hi_off, Out, Lse, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD,
-               KEYS_EVEN, CONSUMER_REGS, P8_LOG2, PINGPONG, GROUP_PROGRAMS, Bias, Mask, BIAS, MASK)
+               KEYS_EVEN, CONSUMER_REGS, P8_LOG2, PINGPONG, GROUP_PROGRAMS, Bias, Mask, BIAS, MASK, DENSE_TILES)
 
 
 @gluon.jit
@@ -621,8 +768,10 @@ def _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softc
            STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
            DROP_THRESHOLD: gl.constexpr, KEYS_EVEN: gl.constexpr, CONSUMER_REGS: gl.constexpr, P8_LOG2: gl.constexpr,
            PINGPONG: gl.constexpr, GROUP_PROGRAMS: gl.constexpr, Bias, Mask, BIAS: gl.constexpr,
-           MASK: gl.constexpr):
+           MASK: gl.constexpr, DENSE_TILES: gl.constexpr):
     """attn_fwd_sm90's program of a tiled grid: one tile."""
+    if DENSE_TILES and KEYS_EVEN and (BIAS or MASK):  # whole key blocks: a dense tile's rows start 16-byte aligned
+        seq_k = seq_k // 16 * 16  # equal, and known so (multiple_of on an argument does not reach the partitions)
     i, bh = tile_order(BANDED, GROUP_PROGRAMS)
     start_m = (gl.num_programs(0) - 1 - i) * (2 * ROWS)
     b = bh // H
@@ -654,6 +803,10 @@ def _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softc
         start_m, bh, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI, DROP_THRESHOLD)
     MAY_MASK: gl.constexpr = BANDED or not KEYS_EVEN or MASK != 0  # a dense mask may hide a block's every key
     bias, mask = dense_planes(Bias, Mask, b, h, seq_q, seq_k, H, BIAS, MASK)
+    BIAS_B: gl.constexpr = dense_reads(BIAS, KEYS_EVEN, DENSE_TILES)
+    MASK_B: gl.constexpr = dense_reads(MASK, KEYS_EVEN, DENSE_TILES)
+    bias_buf = dense_buffer(Bias, ROWS, BLOCK_N, BIAS_B)
+    mask_buf = dense_buffer(Mask, ROWS, BLOCK_N, MASK_B)
     q_row = b * seq_q + start_m
     q_col = h * HEAD_DIM
     lse_row = bh.to(gl.int64) * seq_q
@@ -664,13 +817,13 @@ def _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softc
         (_consume, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, v_ready, k_empty, v_empty,
                     q_row, q_col, lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off,
                     sm_scale, softcap, slope, seed, keep_scale, v_descale, 0, HEAD_DIM, BLOCK_N, STAGES, BANDED,
-                    MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, PINGPONG, 0, 0, None, False, bias, mask, BIAS,
-                    MASK)),
+                    MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, PINGPONG, 0, 0, None, False, bias, mask, BIAS_B,
+                    MASK_B, bias_buf, mask_buf)),
         (_consume, (q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, v_ready, k_empty, v_empty,
                     q_row, q_col, lse_row, start_m, start, full_start, full_end, n_blocks, seq_q, seq_k, lo_off, hi_off,
                     sm_scale, softcap, slope, seed, keep_scale, v_descale, 1, HEAD_DIM, BLOCK_N, STAGES, BANDED,
-                    MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, PINGPONG, 0, 0, None, False, bias, mask, BIAS,
-                    MASK)),
+                    MAY_MASK, SOFTCAP, ALIBI, DROP_THRESHOLD, P8_LOG2, PINGPONG, 0, 0, None, False, bias, mask, BIAS_B,
+                    MASK_B, bias_buf, mask_buf)),
         (_loads, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, q_row,
                   q_col, kv_row, kv_col, vt_row, start, n_blocks, BLOCK_N, STAGES, P8_LOG2 > 0)),
     ], [4, 1], [CONSUMER_REGS, 24])

@@ -158,11 +158,20 @@ def dense_planes(Bias, Mask, b, h, seq_q, seq_k, H: tl.constexpr, BIAS: tl.const
 
 
 @triton.jit
+def dense_pointers(plane, q_idx, k_idx, seq_q, seq_k):
+    """(addresses, inside): elements (q_idx, k_idx) of a plane varying along queries and keys (dense_plane), and
+    whether they lie inside (seq_q, seq_k)."""
+    inside = (q_idx < seq_q) & (k_idx < seq_k)  # first, as tl.load's keyword was (the kernels' code is unchanged)
+    return plane + q_idx * seq_k + k_idx, inside
+
+
+@triton.jit
 def dense_tile(plane, q_idx, k_idx, seq_q, seq_k, other, LAYOUT: tl.constexpr):
     """The dense operand's values at (q_idx, k_idx) of a plane (dense_plane), broadcast as the indices are
     ([BM, 1] / [1, BN], or transposed); `other` past the sequences."""
     if LAYOUT & 2 and LAYOUT & 4:
-        return tl.load(plane + q_idx * seq_k + k_idx, mask=(q_idx < seq_q) & (k_idx < seq_k), other=other)
+        ptrs, inside = dense_pointers(plane, q_idx, k_idx, seq_q, seq_k)
+        return tl.load(ptrs, mask=inside, other=other)
     elif LAYOUT & 2:
         return tl.load(plane + q_idx, mask=q_idx < seq_q, other=other)
     elif LAYOUT & 4:

@@ -223,3 +223,42 @@ def test_default_configs_pass_on_every_amd_arch():
     # 3 archs x 3 head dims x 2 dtypes x 21 kernels (9 attention, 7 dense bias/mask, 5 KV-cache), and 2 fp8
     # forwards per head dim on gfx942 and gfx950, and the fp8-cache decode per head dim and dtype there
     assert table.count("\n| gfx") == 402
+
+
+_DENSE_TILES_PROBE = """
+import json, sys
+from jax_flash_amd import _jax_triton_compat, amd_report, plan
+from jax_flash_amd.kernels import configs
+sys.path.insert(0, "tests")
+from test_gluon_fwd import _rows
+
+policy = plan.Policy(gluon_dense_tiles=True, gluon_fwd=_rows(configs.SM90_GLUON_FWD, min_seq=0))
+out = {}
+with plan.using(policy):
+    for kind in ("bias", "mask"):
+        for name, launch in amd_report.record_launches("sm90", 128, "bfloat16", True, kind):
+            if launch.kernel.__name__ in ("attn_fwd_sm90", "attn_bwd_dkdv_sm90"):
+                compiled = amd_report.compile_launch(launch, "sm90",
+                                                     _jax_triton_compat.compiler_options(launch.compile_options))
+                row = amd_report.Row("sm90", name, 128, "bfloat16", True, "")
+                amd_report._cuda_stats(row, compiled)
+                ptx = compiled.asm["ptx"]
+                out[name] = dict(tiles=launch.constexprs.get("DENSE_TILES"), shared=row.local_mem,
+                                 copies=ptx.count("cp.async.cg.shared.global"), b16=ptx.count("ld.global.b16"))
+print(json.dumps(out))
+"""
+
+
+def test_sm90_dense_tiles_compile_to_buffered_copies():
+    """Under Policy(gluon_dense_tiles=True) (the default) the Gluon forward and dK/dV of a (1, H, T, S) bias and a
+    (1, 1, T, S) mask (whole blocks) cross-compile for sm90 with their tiles copied into shared buffers in 16-byte
+    pieces (cp.async), none read element by element (ld.global.b16), within shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _DENSE_TILES_PROBE], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.splitlines()[-1])
+    assert set(rows) == {"fwd+bias", "dkdv+bias", "fwd+mask", "dkdv+mask"}, rows
+    for name, r in rows.items():
+        assert r["tiles"] and r["copies"] > 0 and r["b16"] == 0, (name, r)
+        assert r["shared"] <= amd_report.LOCAL_MEMORY["sm90"], (name, r)

@@ -270,6 +270,8 @@ GLUON_CASES = {  # (d, causal, h_kv, bias shape, mask shape, dropout); "k": keys
     "bias-d64": (64, False, 4, (1, H, "q", "k"), None, 0.0),
     # whole blocks (no ragged-block mask): rows 0-63 see none of the first 128 keys, row 3 none at all
     "mask-even-first-block-hidden": (128, False, 4, None, (B, H, "q", "k"), 0.0),
+    # whole blocks: under Policy(gluon_dense_tiles=True) the tiles that vary along both axes come through buffers
+    "bias-mask-even-causal-gqa": (128, True, 2, (1, H, "q", "k"), (B, 1, "q", "k"), 0.0),
 }
 
 
@@ -322,18 +324,37 @@ def test_gluon_dense_policy_plans_the_gluon_kernels(name):
         assert e.forward.kernels == ("attn_fwd",) and "attn_bwd_dkdv_sm90" not in e.backward.kernels
 
 
+def test_gluon_dense_tiles_policy_sets_the_kernels_flag():
+    """Policy(gluon_dense_tiles=True), the default, gives the Gluon forward and dK/dV of a dense call DENSE_TILES
+    (their tiles read in vectors, through buffers copied ahead: fwd_sm90.dense_reads); False, and calls without a
+    dense operand, keep the kernels' element-wise reads."""
+    from jax_flash_amd import plan
+
+    (q, k, v, _, _), kw, _ = _gluon_case("bias-mask-even-causal-gqa", jnp.bfloat16)
+    for tiles in (False, True):
+        with plan.using(_gluon_dense_policy().replace(gluon_dense_tiles=tiles)):
+            for dense in (kw, dict(causal=True)):
+                e = jax_flash_amd.explain(q, k, v, target="sm90", **dense)
+                flags = [e.forward.step("fwd").flags, e.backward.step("dkdv").flags]
+                assert all(f.get("DENSE_TILES", False) == (tiles and dense is kw) for f in flags), (tiles, flags)
+    assert plan.DEFAULT.gluon_dense_tiles
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("tiles", [False, True])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("name", list(GLUON_CASES))
-def test_gluon_dense_against_float64(name, dtype):
+def test_gluon_dense_against_float64(name, dtype, tiles):
     """The Gluon forward and dK/dV with a dense bias / mask (Policy.gluon_dense) against float64: ragged lengths,
-    rows a mask hides entirely, GQA, dropout, D 64 and 128."""
+    rows a mask hides entirely, GQA, dropout, D 64 and 128; the tiles read element by element, and (tiles) in vectors
+    and through buffers (Policy.gluon_dense_tiles)."""
     from jax_flash_amd import plan
 
     (q, k, v, dout, dlse), kw, ref_kw = _gluon_case(name, dtype)
-    with plan.using(_gluon_dense_policy()):
+    with plan.using(_gluon_dense_policy().replace(gluon_dense_tiles=tiles)):
         e = jax_flash_amd.explain(q, k, v, **kw)
         assert e.forward.kernels == ("attn_fwd_sm90",) and "attn_bwd_dkdv_sm90" in e.backward.kernels, e
+        assert e.forward.step("fwd").flags.get("DENSE_TILES", False) == tiles
         got = run("triton", q, k, v, dout, dlse, kw)
     assert_like_float64(got, (q, k, v, dout, dlse), kw, ref_kw, dtype)
