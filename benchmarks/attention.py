@@ -142,20 +142,22 @@ def measure(name: str, fn, s: dict, inputs, ref, extra=()) -> dict:
     return row
 
 
-def reference_output(s: dict, q, k, v):
-    """float32 forward of the pure-JAX reference, a few heads at a time so its O(N^2) logits stay within
-    ~8 GB; None beyond that (the long-context case)."""
+def reference_output(s: dict, q, k, v, budget: int = 8 << 30):
+    """float32 forward of the pure-JAX reference, a few heads at a time (whole groups of query heads sharing a key /
+    value head) so its O(N^2) logits stay within `budget` bytes; None beyond that (the long-context case)."""
     import jax_flash_amd
 
-    per_head = 3 * s["B"] * s["N"] * s["N"] * 4  # logits, probabilities and a temporary, float32
-    chunk = max(1, min(s["H"], (8 << 30) // per_head))
-    if per_head > (8 << 30):
+    group = s["H"] // s.get("H_kv", s["H"])
+    per_group = 3 * s["B"] * s["N"] * s["N"] * 4 * group  # logits, probabilities and a temporary, float32
+    if per_group > budget:
         return None
+    chunk = max(1, min(s["H"] // group, budget // per_group)) * group
     ref = jax.jit(lambda q, k, v: jax_flash_amd.attention(
         q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), causal=s["causal"],
         implementation="xla"))
     try:
-        parts = [jax.block_until_ready(ref(q[:, :, h:h + chunk], k[:, :, h:h + chunk], v[:, :, h:h + chunk]))
+        parts = [jax.block_until_ready(ref(q[:, :, h:h + chunk], k[:, :, h // group:(h + chunk) // group],
+                                           v[:, :, h // group:(h + chunk) // group]))
                  for h in range(0, s["H"], chunk)]
     except Exception as e:  # noqa: BLE001  (no reference: max_err is left empty)
         print(f"no reference for {s}: {e!r}"[:300], file=sys.stderr)

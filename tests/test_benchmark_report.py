@@ -48,3 +48,22 @@ def test_variant_report_names_misses():
     assert len(pointer) == 4 and all(c["variant"]["policy"] == {"gluon_dense": False} for c in pointer)
     elements = [c for c in cases if c["name"].endswith(", element reads")]  # and the Gluon kernels' element reads
     assert len(elements) == 4 and all(c["variant"]["policy"] == {"gluon_dense_tiles": False} for c in elements)
+
+
+def test_reference_output_takes_whole_head_groups():
+    """The suite's float32 reference, computed a few heads at a time, of a grouped-query call (8 query heads on 2
+    key / value heads) equals the one-piece reference: chunks hold whole groups, each with its own key / value head."""
+    import jax
+    import jax.numpy as jnp
+
+    import jax_flash_amd
+
+    s = dict(B=1, N=48, H=8, H_kv=2, causal=True)
+    q, k, v = (jax.random.normal(key, (1, 48, h, 16)) for key, h in zip(jax.random.split(jax.random.key(0), 3),
+                                                                         (8, 2, 2)))
+    want = jax_flash_amd.attention(q, k, v, causal=True, implementation="xla")
+    per_group = 3 * 48 * 48 * 4 * 4
+    for budget in (per_group, 2 * per_group, 1 << 30):  # two chunks of one group each, then one piece
+        got = bench.reference_output(s, q, k, v, budget=budget)
+        assert got.shape == want.shape and float(jnp.max(jnp.abs(got - want))) < 1e-5, budget
+    assert bench.reference_output(s, q, k, v, budget=per_group - 1) is None
