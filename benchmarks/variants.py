@@ -12,7 +12,8 @@ ratio has a target (the project's; docs/performance.md "Variants"):
   time ratio <= 0.714;
 - a padding mask (B, 1, 1, S) and a bias (1, H, T, S) vs none at N 4096, D 128: forward+backward <= 1.25x (also
   through Triton's pointer rows, plan.Policy(gluon_dense=False), and with the Gluon kernels reading the tiles
-  element by element, plan.Policy(gluon_dense_tiles=False)).
+  element by element, plan.Policy(gluon_dense_tiles=False); the bias also with each head's batch elements launched
+  side by side, plan.Policy(dense_batch_inner=True)).
 Times are medians (jax_flash_amd.timing) of the forward and of forward+backward; backward = their difference.
 """
 from __future__ import annotations
@@ -69,6 +70,9 @@ def cases(n_seg: int = 4096) -> list[dict]:
                 {**dense, "policy": {"gluon_dense_tiles": False}}, {})
           for name, dense in (("padding mask (B, 1, 1, S)", PADDING), ("bias (1, H, T, S)", BIAS))
           for mask in ("full", "causal")),
+        # the bias shared by the batch, a head's batch elements launched side by side (Policy(dense_batch_inner))
+        *(_case(f"bias (1, H, T, S) vs none, {mask}, batch inner", "fwdbwd_ms", 1.25, 4, 4096, 16, 16,
+                mask == "causal", {**BIAS, "policy": {"dense_batch_inner": True}}, {}) for mask in ("full", "causal")),
     ]
 
 

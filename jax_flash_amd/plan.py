@@ -57,6 +57,9 @@ class Policy:
     # their tiles of a dense bias / mask read in 16-byte vectors, through shared buffers copied a block ahead
     # (fwd_sm90.dense_reads); False: each element in the product's layout
     gluon_dense_tiles: bool = True
+    # their tiled grids batch-fastest where a dense operand is shared by the batch (masking.batch_inner: its tiles
+    # from L2 after the first read); not default until a GPU run passes
+    dense_batch_inner: bool = False
     # grouped heads' dS path with dK/dV per query head (K and V repeated), the parts summed over each group: a
     # launch's programs number key blocks x query heads; None: where per_query_head's rule takes it
     dkdv_per_query_head: bool | None = None
@@ -430,8 +433,13 @@ def _common(call: Call) -> dict:
 
 
 def _dense_tiles(call: Call) -> dict:
-    """The Gluon kernels' DENSE_TILES where the call has a dense operand and the policy asks for it."""
-    return {"DENSE_TILES": True} if call.dense and call.policy.gluon_dense_tiles else {}
+    """The Gluon kernels' DENSE_TILES where the call has a dense operand and the policy asks for it, and BATCH_INNER
+    where that operand is shared by a batch of more than one (Policy.dense_batch_inner)."""
+    flags = {"DENSE_TILES": True} if call.dense and call.policy.gluon_dense_tiles else {}
+    shared = any(shape and shape[0] == 1 for shape in (call.bias_shape, call.mask_shape))
+    if call.policy.dense_batch_inner and shared and call.batch > 1:
+        flags["BATCH_INNER"] = True
+    return flags
 
 
 def p8_log2(call: Call) -> int:

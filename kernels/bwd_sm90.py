@@ -30,7 +30,7 @@ from .configs import TILED_GROUP_PROGRAMS
 from .dropout import dropped_ds, keep_at
 from .fwd_sm90 import (BUFFERED, ROWS, block_scores, dense_block, dense_buffer, dense_copy, dense_reads, head_scalars,
                        tiles, tma_load, tma_store)
-from .masking import dense_planes, persistent_rounds, persistent_tile, query_blocks, tile_order
+from .masking import batch_inner, dense_planes, persistent_rounds, persistent_tile, query_blocks, tile_order
 
 
 @gluon.jit
@@ -390,7 +390,7 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, DQAcc, Locks, sm_sca
                   ALIBI: gl.constexpr, DROP_THRESHOLD: gl.constexpr, EVEN: gl.constexpr, DS: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr, DS_BAND: gl.constexpr, GROUP_PROGRAMS: gl.constexpr,
                   N_ROWS: gl.constexpr, SPANS: gl.constexpr, DQ: gl.constexpr, Bias=0, Mask=0, BIAS: gl.constexpr = 0,
-                  MASK: gl.constexpr = 0, DENSE_TILES: gl.constexpr = False):
+                  MASK: gl.constexpr = 0, DENSE_TILES: gl.constexpr = False, BATCH_INNER: gl.constexpr = False):
     """attn_bwd_dkdv_sm90 and attn_bwd_dkdvdq_sm90 (DQ), which see."""
     gl.static_assert(not (BIAS or MASK) or (N_ROWS == 0 and DQ == 0), "a dense bias or mask: tiled, no dQ")
     gl.static_assert(N_ROWS == 0 or EVEN, "a persistent grid takes whole blocks")
@@ -411,6 +411,8 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, DQAcc, Locks, sm_sca
             rank = gl.program_id(0)
             i = gl.num_programs(0) - 1 - rank
             bh = gl.program_id(1)
+        if BATCH_INNER:
+            bh = batch_inner(bh, KV_H)
         start_n = i * BLOCK_N  # causal: key block 0 sees the most queries, and goes first
         last = bh // KV_H
     k_desc = tiles(K, last, seq_k, KV_H * HEAD_DIM, ROWS, HEAD_DIM)
@@ -523,10 +525,10 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, Bias, Mask, sm_
                        DS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                        DS_BAND: gl.constexpr = False, GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS,
                        N_ROWS: gl.constexpr = 0, SPANS: gl.constexpr = False, BIAS: gl.constexpr = 0,
-                       MASK: gl.constexpr = 0, DENSE_TILES: gl.constexpr = False):
+                       MASK: gl.constexpr = 0, DENSE_TILES: gl.constexpr = False, BATCH_INNER: gl.constexpr = False):
     """bwd.attn_bwd_dkdv's arguments of the same names (Bias, Mask: the tiled grid only, their tiles read as
-    DENSE_TILES says: fwd_sm90.dense_reads); grid (cdiv(seq_k, 128),
-    batch * KV_H). Lse and Delta are (batch, H, lse_len), lse_len a multiple of 4: a TMA tile must start 16-byte
+    DENSE_TILES says: fwd_sm90.dense_reads; BATCH_INNER: rows taken batch-fastest, masking.batch_inner); grid
+    (cdiv(seq_k, 128), batch * KV_H). Lse and Delta are (batch, H, lse_len), lse_len a multiple of 4: a TMA tile must start 16-byte
     aligned (one that did not stopped the H200 with an illegal instruction), so the caller pads them where seq_q is
     not. EVEN: seq_q a multiple of BLOCK_M and seq_k of 128 (else the ragged blocks are masked). dS: the workspace
     (DS; bwd.ds_tiles with 128-key rows), else a placeholder. CONSUMER_REGS: registers per thread of the second
@@ -539,7 +541,7 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, Bias, Mask, sm_
     _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, 0, 0, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
                   hi_off, lse_len, dK, dV, dS, H, KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED, SOFTCAP, ALIBI,
                   DROP_THRESHOLD, EVEN, DS, CONSUMER_REGS, DS_BAND, GROUP_PROGRAMS, N_ROWS, SPANS, 0, Bias, Mask, BIAS,
-                  MASK, DENSE_TILES)
+                  MASK, DENSE_TILES, BATCH_INNER)
 
 
 @gluon.jit

@@ -38,8 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .configs import TILED_GROUP_PROGRAMS
 from .dropout import keep_at, load_seed
 from .fwd import keys_padded
-from .masking import (dense_planes, dense_pointers, dense_tile, key_blocks, persistent_rounds, persistent_tile,
-                      tile_order)
+from .masking import (batch_inner, dense_planes, dense_pointers, dense_tile, key_blocks, persistent_rounds,
+                      persistent_tile, tile_order)
 from .scores import dense_added, scores
 
 # Gluon is experimental: triton 3.9 renamed the TMA copies (3.6's names raise there); the kernel compiles with both
@@ -688,14 +688,15 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, Bias, Ma
                   CONSUMER_REGS: gl.constexpr, P8_LOG2: gl.constexpr = 0, PINGPONG: gl.constexpr = False,
                   GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS, N_ROWS: gl.constexpr = 0,
                   CARRY: gl.constexpr = 0, BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0,
-                  DENSE_TILES: gl.constexpr = False):
+                  DENSE_TILES: gl.constexpr = False, BATCH_INNER: gl.constexpr = False):
     """fwd.attn_fwd's arguments of the same names (fp8: V is fwd.keys_last's); grid (cdiv(seq_q, 128), batch * H).
     KEYS_EVEN: seq_k is a multiple of BLOCK_N (else the last key block is masked). CONSUMER_REGS: registers per thread
     of the second consumer group (a worker partition; the first is the default partition, which gets what the workers
     leave). N_ROWS > 0: persistent, grid (programs,), over the tiles of N_ROWS = batch * H rows (query and key
     lengths multiples of 2 * ROWS and BLOCK_N: one descriptor per tensor serves every tile), CARRY (0 / 1) and
     PINGPONG (not both) as _consume_tiles'. Bias, Mask (BIAS, MASK): a dense bias and mask, the tiled grid only
-    (block_scores), their tiles read as DENSE_TILES says (dense_reads)."""
+    (block_scores), their tiles read as DENSE_TILES says (dense_reads). BATCH_INNER: the tiled grid's rows taken
+    batch-fastest (masking.batch_inner)."""
     gl.static_assert(N_ROWS == 0 or not (BIAS or MASK), "a dense bias or mask takes the tiled grid")
     if N_ROWS > 0:
         _persistent(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softcap, keep_scale, seq_q, seq_k,
@@ -704,7 +705,8 @@ def attn_fwd_sm90(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, Bias, Ma
     else:
         _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softcap, keep_scale, seq_q, seq_k,
                lo_off, hi_off, Out, Lse, H, KV_H, HEAD_DIM, BLOCK_N, STAGES, BANDED, SOFTCAP, ALIBI, DROP_THRESHOLD,
-               KEYS_EVEN, CONSUMER_REGS, P8_LOG2, PINGPONG, GROUP_PROGRAMS, Bias, Mask, BIAS, MASK, DENSE_TILES)
+               KEYS_EVEN, CONSUMER_REGS, P8_LOG2, PINGPONG, GROUP_PROGRAMS, Bias, Mask, BIAS, MASK, DENSE_TILES,
+               BATCH_INNER)
 
 
 @gluon.jit
@@ -768,11 +770,13 @@ def _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softc
            STAGES: gl.constexpr, BANDED: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
            DROP_THRESHOLD: gl.constexpr, KEYS_EVEN: gl.constexpr, CONSUMER_REGS: gl.constexpr, P8_LOG2: gl.constexpr,
            PINGPONG: gl.constexpr, GROUP_PROGRAMS: gl.constexpr, Bias, Mask, BIAS: gl.constexpr,
-           MASK: gl.constexpr, DENSE_TILES: gl.constexpr):
+           MASK: gl.constexpr, DENSE_TILES: gl.constexpr, BATCH_INNER: gl.constexpr):
     """attn_fwd_sm90's program of a tiled grid: one tile."""
     if DENSE_TILES and KEYS_EVEN and (BIAS or MASK):  # whole key blocks: a dense tile's rows start 16-byte aligned
         seq_k = seq_k // 16 * 16  # equal, and known so (multiple_of on an argument does not reach the partitions)
     i, bh = tile_order(BANDED, GROUP_PROGRAMS)
+    if BATCH_INNER:
+        bh = batch_inner(bh, H)
     start_m = (gl.num_programs(0) - 1 - i) * (2 * ROWS)
     b = bh // H
     h = bh % H

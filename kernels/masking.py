@@ -74,6 +74,15 @@ def tile_order(BANDED: tl.constexpr, GROUP_PROGRAMS: tl.constexpr):
 
 
 @triton.jit
+def batch_inner(row, H: tl.constexpr):
+    """Row `row` of a tiled grid's batch x H rows (tl.num_programs(1)), taken batch-fastest: (row % batch) * H +
+    row // batch. A head's batch elements then launch side by side, and a dense operand they share is read from HBM
+    about once, from L2 after."""
+    n_b = tl.num_programs(1) // H
+    return row % n_b * H + row // n_b
+
+
+@triton.jit
 def _column(r, p, n):
     """Program p's place in round r: rounds alternate direction (a snake), so a program that drew the
     heaviest tile of one round draws the lightest of the next."""

@@ -43,11 +43,13 @@ def test_variant_report_names_misses():
     assert "| 0.50 / 0.50 / 0.50 | - / - | - | - |" in md and "error: XlaRuntimeError" in md
     assert "| 0.600 / - / - | 1.000 / 2.000 / 3.000 | 0.60 / - / - | - / - | <= 0.714x (fwd) | yes |" in md
     cases = variants.cases()
-    assert len(cases) == 20
+    assert len(cases) == 22
     pointer = [c for c in cases if c["name"].endswith(", pointer rows")]  # the dense cases again, on Triton's rows
     assert len(pointer) == 4 and all(c["variant"]["policy"] == {"gluon_dense": False} for c in pointer)
     elements = [c for c in cases if c["name"].endswith(", element reads")]  # and the Gluon kernels' element reads
     assert len(elements) == 4 and all(c["variant"]["policy"] == {"gluon_dense_tiles": False} for c in elements)
+    inner = [c for c in cases if c["name"].endswith(", batch inner")]  # the bias's tiles from L2 across the batch
+    assert len(inner) == 2 and all(c["variant"]["policy"] == {"dense_batch_inner": True} for c in inner)
 
 
 def test_reference_output_takes_whole_head_groups():

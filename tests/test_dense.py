@@ -7,11 +7,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import triton
+import triton.language as tl
 
 import jax_flash_amd
 import oracle
 from helpers import KERNEL_IMPLS, ON_GPU, assert_close, inputs
 from jax_flash_amd import _launch, reference
+from jax_flash_amd.kernels.masking import batch_inner
 from jax_flash_amd.operands import Operands
 
 B, H, D = 2, 4, 40  # D 40: a head padded to 64 in the kernels
@@ -338,6 +341,43 @@ def test_gluon_dense_tiles_policy_sets_the_kernels_flag():
                 flags = [e.forward.step("fwd").flags, e.backward.step("dkdv").flags]
                 assert all(f.get("DENSE_TILES", False) == (tiles and dense is kw) for f in flags), (tiles, flags)
     assert plan.DEFAULT.gluon_dense_tiles
+
+
+def test_dense_batch_inner_policy_sets_the_kernels_flag():
+    """Policy(dense_batch_inner=True) (not default until a GPU run passes) gives the Gluon forward and dK/dV
+    BATCH_INNER where a dense operand is shared by a batch of more than one (bias (1, H, T, S)), not where each batch
+    element has its own (mask (B, H, T, S)) or the batch is one."""
+    from jax_flash_amd import plan
+
+    (q, k, v, _, _), kw, _ = _gluon_case("bias-mask-even-causal-gqa", jnp.bfloat16)
+    bias, mask = kw["bias"], jnp.broadcast_to(kw["mask"], (B, H) + kw["mask"].shape[2:])
+    assert not plan.DEFAULT.dense_batch_inner
+    for inner in (False, True):
+        with plan.using(_gluon_dense_policy().replace(dense_batch_inner=inner)):
+            for dense, batch, want in ((dict(bias=bias), B, inner), (dict(mask=mask), B, False),
+                                       (dict(bias=bias), 1, False)):
+                e = jax_flash_amd.explain(q[:batch], k[:batch], v[:batch], target="sm90", causal=True,
+                                          **{n: x[:batch] if x.shape[0] > 1 else x for n, x in dense.items()})
+                flags = [e.forward.step("fwd").flags, e.backward.step("dkdv").flags]
+                assert all(f.get("BATCH_INNER", False) == want for f in flags), (inner, list(dense), batch, flags)
+
+
+@triton.jit
+def _batch_inner_rows(Out, H: tl.constexpr):
+    tl.store(Out + tl.program_id(1), batch_inner(tl.program_id(1), H))
+
+
+def test_batch_inner_takes_every_row_once_batch_fastest():
+    """masking.batch_inner over a grid of batch x H rows (the interpreter): row r runs (r % batch) * H + r // batch,
+    each row once, a head's batch elements adjacent."""
+    import torch
+
+    n_b, h = 3, 5
+    out = torch.full((n_b * h,), -1, dtype=torch.int32)
+    _batch_inner_rows[(1, n_b * h)](out, h)
+    got = out.tolist()
+    assert got == [(r % n_b) * h + r // n_b for r in range(n_b * h)] and sorted(got) == list(range(n_b * h))
+    assert [g % h for g in got[:n_b]] == [0] * n_b  # the first n_b programs: head 0 of each batch element
 
 
 @pytest.mark.gpu
