@@ -398,3 +398,19 @@ def test_gluon_dense_against_float64(name, dtype, tiles):
         assert e.forward.step("fwd").flags.get("DENSE_TILES", False) == tiles
         got = run("triton", q, k, v, dout, dlse, kw)
     assert_like_float64(got, (q, k, v, dout, dlse), kw, ref_kw, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("name", ["bias-heads-causal-gqa", "bias-d64", "bias-mask-even-causal-gqa"])
+def test_gluon_dense_batch_inner_against_float64(name):
+    """Policy(dense_batch_inner=True): the Gluon kernels' rows batch-fastest for a bias shared by the batch, against
+    float64 (each row's batch element and head found back from its program)."""
+    from jax_flash_amd import plan
+
+    (q, k, v, dout, dlse), kw, ref_kw = _gluon_case(name, jnp.bfloat16)
+    with plan.using(_gluon_dense_policy().replace(dense_batch_inner=True)):
+        e = jax_flash_amd.explain(q, k, v, **kw)
+        assert e.forward.step("fwd").flags.get("BATCH_INNER") and e.backward.step("dkdv").flags.get("BATCH_INNER")
+        got = run("triton", q, k, v, dout, dlse, kw)
+    assert_like_float64(got, (q, k, v, dout, dlse), kw, ref_kw, jnp.bfloat16)
