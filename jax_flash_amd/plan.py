@@ -54,8 +54,8 @@ class Policy:
     linear_backward: bool = False  # the backward in one pass, dQ summed in float32 (plan_backward; slower, not default)
     # a dense bias / mask through the Gluon forward and dK/dV (tiled grids, no softcap, 16-bit); False: Triton's rows
     gluon_dense: bool = True
-    # their tiles of a dense bias / mask read in 16-byte vectors, through shared buffers copied a block ahead
-    # (fwd_sm90.dense_reads); False: each element in the product's layout
+    # their tiles of a dense bias / mask through shared buffers copied in 16-byte pieces (16-bit, whole blocks), or
+    # as a vector along one axis (fwd_sm90.dense_reads); False: each element in the product's layout
     gluon_dense_tiles: bool = True
     # their tiled grids batch-fastest where a dense operand is shared by the batch (masking.batch_inner: its tiles
     # from L2 after the first read); not default until a GPU run passes

@@ -485,8 +485,8 @@ def _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, DQAcc, Locks, sm_sca
         b, kv_h, begin, full_begin, full_end, n_iters = _key_span(start_n, bh, seq_q, seq_k, lo_off, hi_off, KV_H,
                                                                   GROUP, BLOCK_M, BANDED)
         MAY_MASK: gl.constexpr = BANDED or not EVEN
-        BIAS_B: gl.constexpr = dense_reads(BIAS, EVEN, DENSE_TILES)
-        MASK_B: gl.constexpr = dense_reads(MASK, EVEN, DENSE_TILES)
+        BIAS_B: gl.constexpr = dense_reads(BIAS, EVEN, DENSE_TILES, Bias.dtype.element_ty.primitive_bitwidth)
+        MASK_B: gl.constexpr = dense_reads(MASK, EVEN, DENSE_TILES, Mask.dtype.element_ty.primitive_bitwidth)
         bias_buf = dense_buffer(Bias, BLOCK_M, ROWS, BIAS_B)
         mask_buf = dense_buffer(Mask, BLOCK_M, ROWS, MASK_B)
         kv_row = b * seq_k + start_n
@@ -558,4 +558,5 @@ def attn_bwd_dkdvdq_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, DQAcc, Locks,
     dQAcc and dLocks are DQAcc's and Locks' buffers, updated in place (jax-triton's input_output_aliases)."""
     _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, DQAcc, Locks, sm_scale, softcap, keep_scale, seq_q, seq_k,
                   lo_off, hi_off, lse_len, dK, dV, dK, H, KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED, SOFTCAP, ALIBI,
-                  DROP_THRESHOLD, EVEN, False, CONSUMER_REGS, False, GROUP_PROGRAMS, N_ROWS, False, DQ)
+                  DROP_THRESHOLD, EVEN, False, CONSUMER_REGS, False, GROUP_PROGRAMS, N_ROWS, False, DQ, Q, Q)  # Bias,
+    # Mask: placeholders (BIAS = MASK = 0), never read

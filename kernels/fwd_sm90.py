@@ -165,20 +165,24 @@ def _coalesced(rows, cols, bits):
     return gl.BlockedLayout([1, vec], [32 // lanes, lanes], [4, 1], [1, 0])
 
 
-# a dense operand's layout bits (beside operands.dense_layout's) in the Gluon kernels (dense_block): its tiles
-# read in 16-byte vectors (or as a vector along one axis) and converted to the product's layout, not element by
-# element in it (VECTORS); through a shared buffer per consumer group, copied ahead (BUFFERED: dense_copy)
+# a dense operand's layout bits (beside operands.dense_layout's) in the Gluon kernels (dense_block): not read element
+# by element in the product's layout but as a vector along its one axis and converted (VECTORS), or through a shared
+# buffer per consumer group, copied in 16-byte pieces (VECTORS and BUFFERED: dense_copy)
 VECTORS = gl.constexpr(64)
 BUFFERED = gl.constexpr(32)
 
 
 @gluon.constexpr_function
-def dense_reads(layout, aligned, tiles):
-    """A dense operand's layout with its read's bits: with `tiles` (the launch's DENSE_TILES) VECTORS, and BUFFERED
-    where it varies along queries and keys and the planes' rows are 16-byte aligned (`aligned`: whole key blocks)."""
-    if not tiles or not layout:
+def dense_reads(layout, aligned, tiles, bits):
+    """A dense operand's layout with its read's bits, with `tiles` (the launch's DENSE_TILES), for a 16-bit or
+    narrower operand (a float32 bias's buffers with a mask's passed the shared memory): VECTORS along one axis;
+    VECTORS and BUFFERED along queries and keys where the planes' rows are 16-byte aligned (`aligned`: whole blocks;
+    ragged ones read element by element: their 16-byte vectors, unaligned, were 2-byte loads still, sm90)."""
+    if not tiles or not layout or bits > 16:
         return layout
-    return layout | 64 | (32 if (layout & 6) == 6 and aligned else 0)
+    if (layout & 6) == 6:
+        return layout | 96 if aligned else layout
+    return layout | 64
 
 
 @gluon.jit
@@ -231,17 +235,10 @@ def _read(buf, layout: gl.constexpr, T: gl.constexpr):
 @gluon.jit
 def _dense_values(plane, q0, k0, seq_q, seq_k, other, layout: gl.constexpr, Q_N: gl.constexpr, K_N: gl.constexpr,
                   LAYOUT: gl.constexpr, T: gl.constexpr):
-    """dense_block's tile of a VECTORS operand without a buffer (masking.dense_tile's values, `other` past the
-    sequences), broadcast along the axes it does not vary on."""
-    if LAYOUT & 2 and LAYOUT & 4:
-        lay: gl.constexpr = _coalesced(Q_N, K_N, plane.dtype.element_ty.primitive_bitwidth)
-        q_idx = gl.expand_dims(q0 + gl.arange(0, Q_N, layout=gl.SliceLayout(1, lay)), 1)
-        k_idx = gl.expand_dims(k0 + gl.arange(0, K_N, layout=gl.SliceLayout(0, lay)), 0)
-        t = dense_tile(plane, q_idx, k_idx, seq_q, seq_k, other, LAYOUT)
-        if T:
-            t = gl.permute(t, (1, 0))
-        return gl.convert_layout(t, layout)
-    elif LAYOUT & 4:  # keys only: S's dim 1, S^T's dim 0
+    """dense_block's tile of a VECTORS operand without a buffer, varying along one axis or none (masking.dense_tile's
+    values, `other` past the sequences), broadcast along the others."""
+    gl.static_assert((LAYOUT & 6) != 6, "an operand varying along queries and keys is BUFFERED")
+    if LAYOUT & 4:  # keys only: S's dim 1, S^T's dim 0
         k_idx = k0 + gl.arange(0, K_N, layout=gl.BlockedLayout([1], [32], [4], [0]))
         t = dense_tile(plane, 0, k_idx, seq_q, seq_k, other, LAYOUT)
         return gl.expand_dims(gl.convert_layout(t, gl.SliceLayout(1 if T else 0, layout)), 1 if T else 0)
@@ -259,7 +256,7 @@ def dense_block(bias, mask, bias_buf, mask_buf, q0, k0, seq_q, seq_k, layout: gl
     """(bias, mask): the tiles of a dense bias's and mask's planes (masking.dense_planes; 0 where absent) over
     queries [q0, + Q_N) and keys [k0, + K_N), in `layout`, a consumer group's product's: S [Q_N, K_N], or S^T
     (T), read as their layouts' bits say (dense_reads): BUFFERED from the buffers dense_copy filled (waited for
-    here, and released to the next copy); VECTORS in 16-byte vectors and converted. Others are returned as planes,
+    here, and released to the next copy); VECTORS as a vector and converted. Others are returned as planes,
     read by block_scores in the product's layout, where each bias element is a 2-byte load of its own (sm90 SASS:
     64 a thread per tile of the forward)."""
     if (BIAS | MASK) & BUFFERED:
@@ -290,7 +287,7 @@ def block_scores(qk, q_idx, k_idx, masked, seq_q, seq_k, lo_off, hi_off, sm_scal
     tiles, or planes read here (without VECTORS), added to the product's tile (scores.dense_added)."""
     gl.static_assert(not (SOFTCAP and (BIAS or MASK)), "a dense bias or mask with softcap takes the Triton rows")
     qk = dense_added(qk, bias, mask, q_idx, k_idx, seq_q, seq_k, sm_scale, BIAS, MASK, SOFTCAP,
-                     ((BIAS | MASK) & VECTORS) != 0)
+                     (BIAS & VECTORS) // 64 + (MASK & VECTORS) // 32)
     diag = seq_k - seq_q
     if MAY_MASK:
         if masked:
@@ -807,8 +804,8 @@ def _tiled(Q, K, V, Slopes, Seeds, QDescale, KDescale, VDescale, sm_scale, softc
         start_m, bh, seq_q, seq_k, lo_off, hi_off, Slopes, Seeds, H, KV_H, BLOCK_N, BANDED, ALIBI, DROP_THRESHOLD)
     MAY_MASK: gl.constexpr = BANDED or not KEYS_EVEN or MASK != 0  # a dense mask may hide a block's every key
     bias, mask = dense_planes(Bias, Mask, b, h, seq_q, seq_k, H, BIAS, MASK)
-    BIAS_B: gl.constexpr = dense_reads(BIAS, KEYS_EVEN, DENSE_TILES)
-    MASK_B: gl.constexpr = dense_reads(MASK, KEYS_EVEN, DENSE_TILES)
+    BIAS_B: gl.constexpr = dense_reads(BIAS, KEYS_EVEN, DENSE_TILES, Bias.dtype.element_ty.primitive_bitwidth)
+    MASK_B: gl.constexpr = dense_reads(MASK, KEYS_EVEN, DENSE_TILES, Mask.dtype.element_ty.primitive_bitwidth)
     bias_buf = dense_buffer(Bias, ROWS, BLOCK_N, BIAS_B)
     mask_buf = dense_buffer(Mask, ROWS, BLOCK_N, MASK_B)
     q_row = b * seq_q + start_m

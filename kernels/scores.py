@@ -105,18 +105,18 @@ def dense_start(bias, mask, q_idx, k_idx, seq_q, seq_k, sm_scale, SHAPE: tl.cons
 
 @triton.jit
 def dense_added(qk, bias, mask, q_idx, k_idx, seq_q, seq_k, sm_scale, BIAS: tl.constexpr, MASK: tl.constexpr,
-                SOFTCAP: tl.constexpr, TILES: tl.constexpr = False):
+                SOFTCAP: tl.constexpr, TILES: tl.constexpr = 0):
     """qk (q.k's units) with a dense bias added, bias / sm_scale, and -inf where a dense mask hides the pair; qk as
     it is without them or under SOFTCAP (scores applies them then: softcap comes first). bias, mask: their planes,
-    read here at (q_idx, k_idx), or (TILES) their tiles, broadcast to qk's shape. A bias floors at
+    read here at (q_idx, k_idx), or their tiles (TILES bit 1: the bias's, 2: the mask's), broadcast to qk's shape. A bias floors at
     BIAS_FLOOR / max(1, scale * log2 e), finite after scaling: finfo.min (a common "hide" bias; -inf the same) hides
     a pair, and a row of only those is uniform, as in jax.nn, not empty. The Gluon kernels add it to the product's
     tile (their accumulator is not started from it)."""
     if BIAS and not SOFTCAP:
         floor = BIAS_FLOOR / tl.maximum(sm_scale * LOG2E, 1.0)
-        b = bias if TILES else dense_tile(bias, q_idx, k_idx, seq_q, seq_k, 0.0, BIAS)
+        b = bias if TILES & 1 else dense_tile(bias, q_idx, k_idx, seq_q, seq_k, 0.0, BIAS)
         qk += tl.maximum(b.to(tl.float32) * (1.0 / sm_scale), floor)
     if MASK and not SOFTCAP:
-        m = mask if TILES else dense_tile(mask, q_idx, k_idx, seq_q, seq_k, 0, MASK)
+        m = mask if TILES & 2 else dense_tile(mask, q_idx, k_idx, seq_q, seq_k, 0, MASK)
         qk += tl.where(m != 0, 0.0, float("-inf"))
     return qk
