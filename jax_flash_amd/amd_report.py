@@ -152,7 +152,8 @@ def record_launches(target: str, head_dim: int, dtype, causal: bool, kind: str =
     if kind == "mask":
         extras = Operands(mask=jnp.ones((1, 1, 1024, 1024), bool))
     names = {"attn_fwd": "fwd", "attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq", "attn_bwd_dq_ds": "dqds",
-             "attn_bwd_dbias": "dbias", "attn_fwd_sm90": "fwd", "attn_bwd_dkdv_sm90": "dkdv"}  # sm90: Gluon kernels
+             "attn_bwd_dbias": "dbias", "attn_fwd_sm90": "fwd", "attn_bwd_dkdv_sm90": "dkdv",  # sm90: Gluon kernels
+             "attn_bwd_dkdvdq_sm90": "dkdvdq"}
     if fp8.is_fp8(dtype):  # inference: the forward only
         extras = Operands(**dict.fromkeys(("q_descale", "k_descale", "v_descale"), jnp.ones((1, 16), jnp.float32)))
         _launch.forward(run, target, x, x, x, extras, statics=_launch.Statics(head_dim ** -0.5, band))

@@ -191,19 +191,19 @@ def test_one_arch_passes_the_check():
 
 @pytest.mark.amd_sweep
 def test_sm90_kernels_fit_shared_memory():
-    """sm90 at D 128 bf16, the dense bias and mask kernels included (a tile of either per pipeline stage: the pointer
-    forward takes configs' "fwd+dense" rows, three stages asked for 262,144 bytes; the backward the Gluon dK/dV and
-    the dS path's dQ), within the 227 KB of shared memory a block may have. (Not --check: its spill rule is AMD's;
-    the Gluon rows' spills ran well on the GPU.)"""
+    """sm90 at D 128 bf16, the dense bias and mask kernels and the linear backward's included (a tile of either per
+    pipeline stage: the pointer forward takes configs' "fwd+dense" rows, three stages asked for 262,144 bytes; the
+    backward the Gluon dK/dV and the dS path's dQ), within the 227 KB of shared memory a block may have. (Not
+    --check: its spill rule is AMD's; the Gluon rows' spills ran well on the GPU.)"""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "jax_flash_amd.amd_report", "--arch", "sm90", "--head-dims", "128",
-                           "--dtypes", "bfloat16", "--jobs", str(os.cpu_count() or 1)],
+                           "--dtypes", "bfloat16", "--linear", "--jobs", str(os.cpu_count() or 1)],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("| sm90 |")]
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines]
     kernels = {cells[1] for cells in rows}
-    assert {"fwd+bias", "fwd+mask", "dqds+bias", "dkdv+bias", "dbias+bias"} <= kernels, kernels
+    assert {"fwd+bias", "fwd+mask", "dqds+bias", "dkdv+bias", "dbias+bias", "dkdvdq+linear"} <= kernels, kernels
     for cells in rows:
         assert int(cells[10]) <= amd_report.LOCAL_MEMORY["sm90"] and "memory" not in cells[-1], cells
 
