@@ -432,7 +432,7 @@ def _common(call: Call) -> dict:
                 DROP_THRESHOLD=rules.dropout_threshold(call.dropout_p))
 
 
-def _dense_tiles(call: Call) -> dict:
+def _dense_flags(call: Call) -> dict:
     """The Gluon kernels' DENSE_TILES where the call has a dense operand and the policy asks for it, and BATCH_INNER
     where that operand is shared by a batch of more than one (Policy.dense_batch_inner)."""
     flags = {"DENSE_TILES": True} if call.dense and call.policy.gluon_dense_tiles else {}
@@ -634,7 +634,7 @@ def plan_forward(call: Call) -> Plan:
         flags.update(BLOCK_N=gluon.block_n, STAGES=gluon.stages, CONSUMER_REGS=gluon.consumer_regs,
                      KEYS_EVEN=call.seq_k % gluon.block_n == 0,
                      PINGPONG=gluon.pingpong and not call.band.sides,  # causal calls measured slower with it
-                     P8_LOG2=p8_log2(call), **_dense_tiles(call))
+                     P8_LOG2=p8_log2(call), **_dense_flags(call))
         if gluon.carry:
             flags["CARRY"] = int(gluon.carry)
         grid = (_cdiv(call.seq_q, 2 * GLUON_ROWS), call.batch * call.heads)
@@ -791,7 +791,7 @@ def _dkdv_step(call: Call, row, ds: bool) -> list[Step]:
         flags.update(BLOCK_M=row.block_m, STAGES=row.stages, CONSUMER_REGS=row.consumer_regs,
                      SPANS=row.spans and call.narrow, DS=ds,
                      EVEN=call.seq_q % row.block_m == 0 and call.seq_k % (2 * GLUON_ROWS) == 0, **ds_band,
-                     **_dense_tiles(call))
+                     **_dense_flags(call))
         grid = (_cdiv(call.seq_k, 2 * GLUON_ROWS), call.batch * call.kv_heads)
         if programs:
             grid, flags["N_ROWS"] = (programs, 1), call.batch * call.kv_heads

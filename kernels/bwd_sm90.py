@@ -224,7 +224,7 @@ def _step(k, v, q, do, lse_smem, delta_smem, s, ds_smem, ds_desc, do_ready, phas
     lse = lse_smem.index(s).load(col_layout)
     lse = gl.where(lse == float("-inf"), float("inf"), lse)  # bwd._seen: rows that see no key get P = 0
     q_idx = gl.expand_dims(start_m + m_range, 0)
-    if not (BIAS | MASK) & BUFFERED:
+    if not (BIAS | MASK) & BUFFERED:  # here, not before the products: the element reads' code as before
         bias, mask = dense_planes(Bias, Mask, b, h, seq_q, seq_k, H, BIAS, MASK)  # the step's query head's
     bias, mask = dense_block(bias, mask, bias_buf, mask_buf, start_m, start_n + HALF * ROWS, seq_q, seq_k, s_layout,
                              zeros.shape[1], ROWS, BIAS, MASK, True)
@@ -526,18 +526,17 @@ def attn_bwd_dkdv_sm90(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, Bias, Mask, sm_
                        DS_BAND: gl.constexpr = False, GROUP_PROGRAMS: gl.constexpr = TILED_GROUP_PROGRAMS,
                        N_ROWS: gl.constexpr = 0, SPANS: gl.constexpr = False, BIAS: gl.constexpr = 0,
                        MASK: gl.constexpr = 0, DENSE_TILES: gl.constexpr = False, BATCH_INNER: gl.constexpr = False):
-    """bwd.attn_bwd_dkdv's arguments of the same names (Bias, Mask: the tiled grid only, their tiles read as
-    DENSE_TILES says: fwd_sm90.dense_reads; BATCH_INNER: rows taken batch-fastest, masking.batch_inner); grid
-    (cdiv(seq_k, 128), batch * KV_H). Lse and Delta are (batch, H, lse_len), lse_len a multiple of 4: a TMA tile must start 16-byte
-    aligned (one that did not stopped the H200 with an illegal instruction), so the caller pads them where seq_q is
-    not. EVEN: seq_q a multiple of BLOCK_M and seq_k of 128 (else the ragged blocks are masked). dS: the workspace
-    (DS; bwd.ds_tiles with 128-key rows), else a placeholder. CONSUMER_REGS: registers per thread of the second
-    consumer group. SPANS: each consumer group passes over the query steps that see none of its 64 keys
-    (_consume_tile). N_ROWS > 0: persistent, grid (programs, 1), over the key blocks of N_ROWS = batch * KV_H rows
-    (EVEN: one descriptor per tensor serves every tile; plan.gluon_programs): the descriptors made once, the ring
-    carried across tiles, two tiles' K and V buffers so that the next tile's load while a tile runs (the tiled
-    program pays its nine descriptors, its K / V load and its pipeline's fill, and its dK / dV store, alone on its
-    SM)."""
+    """bwd.attn_bwd_dkdv's arguments of the same names (Bias, Mask: the tiled grid only, their tiles read as DENSE_TILES
+    says: fwd_sm90.dense_reads; BATCH_INNER: rows taken batch-fastest, masking.batch_inner); grid (cdiv(seq_k, 128),
+    batch * KV_H). Lse and Delta are (batch, H, lse_len), lse_len a multiple of 4: a TMA tile must start 16-byte aligned
+    (one that did not stopped the H200 with an illegal instruction), so the caller pads them where seq_q is not. EVEN:
+    seq_q a multiple of BLOCK_M and seq_k of 128 (else the ragged blocks are masked). dS: the workspace (DS;
+    bwd.ds_tiles with 128-key rows), else a placeholder. CONSUMER_REGS: registers per thread of the second consumer
+    group. SPANS: each consumer group passes over the query steps that see none of its 64 keys (_consume_tile). N_ROWS >
+    0: persistent, grid (programs, 1), over the key blocks of N_ROWS = batch * KV_H rows (EVEN: one descriptor per
+    tensor serves every tile; plan.gluon_programs): the descriptors made once, the ring carried across tiles, two tiles'
+    K and V buffers so that the next tile's load while a tile runs (the tiled program pays its nine descriptors, its K /
+    V load and its pipeline's fill, and its dK / dV store, alone on its SM)."""
     _dkdv_program(Q, K, V, Slopes, Seeds, dOut, Lse, Delta, 0, 0, sm_scale, softcap, keep_scale, seq_q, seq_k, lo_off,
                   hi_off, lse_len, dK, dV, dS, H, KV_H, HEAD_DIM, BLOCK_M, STAGES, BANDED, SOFTCAP, ALIBI,
                   DROP_THRESHOLD, EVEN, DS, CONSUMER_REGS, DS_BAND, GROUP_PROGRAMS, N_ROWS, SPANS, 0, Bias, Mask, BIAS,

@@ -178,7 +178,7 @@ def dense_reads(layout, aligned, tiles, bits):
     narrower operand (a float32 bias's buffers with a mask's passed the shared memory): VECTORS along one axis;
     VECTORS and BUFFERED along queries and keys where the planes' rows are 16-byte aligned (`aligned`: whole blocks;
     ragged ones read element by element: their 16-byte vectors, unaligned, were 2-byte loads still, sm90)."""
-    if not tiles or not layout or bits > 16:
+    if not tiles or not layout & 6 or bits > 16:  # (a scalar operand is one load either way)
         return layout
     if (layout & 6) == 6:
         return layout | 96 if aligned else layout
@@ -200,7 +200,7 @@ def dense_buffer(Dense, Q_N: gl.constexpr, K_N: gl.constexpr, LAYOUT: gl.constex
 @gluon.jit
 def _copy(buf, plane, q0, k0, seq_q, seq_k):
     """Starts the copy of a plane's tile (queries from q0, keys from k0: masking.dense_pointers; zeros past the
-    sequences) into buf, in 16-byte pieces."""
+    sequences) into buf, in 16-byte pieces (k0 // 16 * 16: k0 itself, dense_copy's, known 16-aligned so)."""
     lay: gl.constexpr = _coalesced(buf.shape[0], buf.shape[1], buf.dtype.primitive_bitwidth)
     q_idx = gl.expand_dims(q0 + gl.arange(0, buf.shape[0], layout=gl.SliceLayout(1, lay)), 1)
     k_idx = gl.expand_dims(k0 // 16 * 16 + gl.arange(0, buf.shape[1], layout=gl.SliceLayout(0, lay)), 0)
@@ -235,19 +235,17 @@ def _read(buf, layout: gl.constexpr, T: gl.constexpr):
 @gluon.jit
 def _dense_values(plane, q0, k0, seq_q, seq_k, other, layout: gl.constexpr, Q_N: gl.constexpr, K_N: gl.constexpr,
                   LAYOUT: gl.constexpr, T: gl.constexpr):
-    """dense_block's tile of a VECTORS operand without a buffer, varying along one axis or none (masking.dense_tile's
-    values, `other` past the sequences), broadcast along the others."""
+    """dense_block's tile of a VECTORS operand without a buffer, varying along one axis (masking.dense_tile's values,
+    `other` past the sequences), broadcast along the other."""
     gl.static_assert((LAYOUT & 6) != 6, "an operand varying along queries and keys is BUFFERED")
     if LAYOUT & 4:  # keys only: S's dim 1, S^T's dim 0
         k_idx = k0 + gl.arange(0, K_N, layout=gl.BlockedLayout([1], [32], [4], [0]))
         t = dense_tile(plane, 0, k_idx, seq_q, seq_k, other, LAYOUT)
         return gl.expand_dims(gl.convert_layout(t, gl.SliceLayout(1 if T else 0, layout)), 1 if T else 0)
-    elif LAYOUT & 2:  # queries only
+    else:  # queries only
         q_idx = q0 + gl.arange(0, Q_N, layout=gl.BlockedLayout([1], [32], [4], [0]))
         t = dense_tile(plane, q_idx, 0, seq_q, seq_k, other, LAYOUT)
         return gl.expand_dims(gl.convert_layout(t, gl.SliceLayout(0 if T else 1, layout)), 0 if T else 1)
-    else:
-        return dense_tile(plane, 0, 0, seq_q, seq_k, other, LAYOUT)
 
 
 @gluon.jit
@@ -381,7 +379,7 @@ def _first(q, k_smem, k_ready, k_empty, turn, ring, qk, q_idx, k_idx, start, ful
     to), then its softmax from m = -inf, l = 0: (p, m, l, qk). PINGPONG's turns: ring + lap + j at a tile's block j
     (each tile takes n_blocks + 1; a persistent program's tile r starts at its ring position + r: lap = r, or r & 1,
     as only the parity counts). bias, mask: a dense bias's and mask's planes, the group's queries from q0, and their
-    buffers (dense_buffers; the next block's tiles are copied while this block's softmax runs, if n_blocks > 1)."""
+    buffers (dense_buffer; the next block's tiles are copied while this block's softmax runs, if n_blocks > 1)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     dense_copy(bias, mask, bias_buf, mask_buf, q0, start, seq_q, seq_k, BIAS, MASK)
@@ -494,10 +492,9 @@ def _consume(q_smem, k_smem, v_smem, o_smem, o_desc, Lse, q_bar, turn, k_ready, 
              BIAS: gl.constexpr = 0, MASK: gl.constexpr = 0, bias_buf=0, mask_buf=0):
     """A consumer group's tile: queries [start_m + HALF * ROWS, + ROWS), the key blocks from `start`, masked outside
     [full_start, full_end), and by a dense bias / mask's planes (bias, mask; their buffers bias_buf, mask_buf:
-    _first's). o_smem: the output's staging
-    buffers (q_smem's for 16-bit inputs). PERSISTENT (_consume_tiles without CARRY): the rings from position `ring`,
-    Q's phase q_phase (the tile's round r & 1, also PINGPONG's lap: only its parity counts), Q released to q_empty
-    after the last q.k, the output's store left in flight."""
+    _first's). o_smem: the output's staging buffers (q_smem's for 16-bit inputs). PERSISTENT (_consume_tiles without
+    CARRY): the rings from position `ring`, Q's phase q_phase (the tile's round r & 1, also PINGPONG's lap: only its
+    parity counts), Q released to q_empty after the last q.k, the output's store left in flight."""
     s_layout: gl.constexpr = _layout("s", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
     o_layout: gl.constexpr = _layout("o", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)
     p_layout: gl.constexpr = _layout("p", q_smem.dtype.primitive_bitwidth, HEAD_DIM, BLOCK_N)

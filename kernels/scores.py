@@ -106,11 +106,11 @@ def dense_start(bias, mask, q_idx, k_idx, seq_q, seq_k, sm_scale, SHAPE: tl.cons
 @triton.jit
 def dense_added(qk, bias, mask, q_idx, k_idx, seq_q, seq_k, sm_scale, BIAS: tl.constexpr, MASK: tl.constexpr,
                 SOFTCAP: tl.constexpr, TILES: tl.constexpr = 0):
-    """qk (q.k's units) with a dense bias added, bias / sm_scale, and -inf where a dense mask hides the pair; qk as
-    it is without them or under SOFTCAP (scores applies them then: softcap comes first). bias, mask: their planes,
-    read here at (q_idx, k_idx), or their tiles (TILES bit 1: the bias's, 2: the mask's), broadcast to qk's shape. A bias floors at
-    BIAS_FLOOR / max(1, scale * log2 e), finite after scaling: finfo.min (a common "hide" bias; -inf the same) hides
-    a pair, and a row of only those is uniform, as in jax.nn, not empty. The Gluon kernels add it to the product's
+    """qk (q.k's units) with a dense bias added, bias / sm_scale, and -inf where a dense mask hides the pair; qk as it
+    is without them or under SOFTCAP (scores applies them then: softcap comes first). bias, mask: their planes, read
+    here at (q_idx, k_idx), or their tiles (TILES bit 1: the bias's, 2: the mask's), broadcast to qk's shape. A bias
+    floors at BIAS_FLOOR / max(1, scale * log2 e), finite after scaling: finfo.min (a common "hide" bias; -inf the same)
+    hides a pair, and a row of only those is uniform, as in jax.nn, not empty. The Gluon kernels add it to the product's
     tile (their accumulator is not started from it)."""
     if BIAS and not SOFTCAP:
         floor = BIAS_FLOOR / tl.maximum(sm_scale * LOG2E, 1.0)
